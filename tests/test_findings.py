@@ -1,0 +1,51 @@
+import json
+
+import pytest
+
+from troubleshooter.findings import (
+    Finding, Location, Severity, findings_to_json, findings_to_markdown, has_problems, worst_severity,
+)
+
+
+def _f(sev, **loc):
+    return Finding("AMP101", "clip-before-unscale", sev, "clipped scaled grads", "unscale first",
+                   Location(**loc))
+
+
+def test_json_shape_has_contract_keys():
+    payload = json.loads(findings_to_json([_f("error", path="t.py", line=3, column=5)], errors=[]))
+    row = payload["findings"][0]
+    for key in ("path", "line", "column", "rule", "name", "severity", "message", "suggestion",
+                "module", "precision", "data"):
+        assert key in row
+    assert row["severity"] == "error" and row["line"] == 3 and payload["errors"] == []
+
+
+def test_round_trip():
+    f = Finding("AMP202", "fp16-overflow", "warning", "m", "s", Location(module="layers.3"),
+                precision="fp16", data={"max_abs": 7e4})
+    assert Finding.from_dict(f.to_dict()) == f
+
+
+def test_severity_parsing_and_ranking():
+    assert Severity.parse("ERROR") is Severity.ERROR
+    with pytest.raises(ValueError):
+        Severity.parse("fatal")
+    assert worst_severity([_f("info"), _f("warning")]) is Severity.WARNING
+    assert not has_problems([_f("info")])
+    assert has_problems([_f("info"), _f("warning")])
+    assert worst_severity([]) is None
+
+
+def test_markdown_table_escapes_pipes_and_orders_by_severity():
+    md = findings_to_markdown([_f("info", path="a.py", line=1), _f("error", path="a.py", line=9)], "Lint")
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "AMP" in line]
+    assert "error" in rows[0] and "info" in rows[1]
+    assert "a.py:9" in rows[0]
+    assert "No findings" in findings_to_markdown([])
+
+
+def test_location_describe():
+    assert Location(path="t.py", line=3, column=1).describe() == "t.py:3:1"
+    assert Location(path="n.ipynb", cell=2, line=4).describe() == "n.ipynb [cell 2] 4"
+    assert Location(module="0").describe() == "module '0'"

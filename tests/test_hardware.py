@@ -1,0 +1,34 @@
+import pytest
+
+from troubleshooter import hardware
+
+
+@pytest.mark.parametrize("device_name, model, arch", [
+    ("NVIDIA H100 80GB HBM3", "H100", "Hopper"),
+    ("NVIDIA H100 PCIe", "H100 PCIe", "Hopper"),
+    ("Tesla V100-SXM2-16GB", "V100", "Volta"),
+    ("Tesla T4", "T4", "Turing"),
+    ("NVIDIA A100-SXM4-80GB", "A100", "Ampere"),
+    ("NVIDIA A10G", "A10G", "Ampere"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090", "Ada"),
+    ("NVIDIA L40S", "L40S", "Ada"),
+    ("NVIDIA L4", "L4", "Ada"),
+    ("rtx 4090", "RTX 4090", "Ada"),
+])
+def test_find_gpu(device_name, model, arch):
+    gpu = hardware.find_gpu(device_name)
+    assert gpu is not None and gpu.name == model and gpu.architecture.name == arch
+
+
+def test_unknown_gpu_and_peak():
+    assert hardware.find_gpu("Some Future Accelerator") is None
+    assert hardware.peak_tflops("Tesla V100", "bf16") is None  # no bf16 tensor cores on Volta
+    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4)
+
+
+def test_architecture_by_compute_capability():
+    assert hardware.architecture_for("7.0").bf16 is False
+    assert hardware.architecture_for((8, 6)).bf16 is True
+    assert hardware.architecture_for("8.9").fp8 is True
+    assert hardware.architecture_for("8.0").fp8 is False
+    assert hardware.architecture_for("12.0").name == "Blackwell"

@@ -1,0 +1,16 @@
+"""AMP Troubleshooter: find and fix what goes wrong when PyTorch training moves to FP16/BF16.
+
+Importing the package stays cheap (no torch import) so the linter and questionnaire work
+without touching the GPU stack. `nanhunt` is loaded on first use.
+"""
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "nanhunt"]
+
+
+def __getattr__(name):
+    if name == "nanhunt":
+        from .engine.nanhunt import nanhunt
+
+        return nanhunt
+    raise AttributeError(f"module 'troubleshooter' has no attribute {name!r}")
