@@ -1,0 +1,61 @@
+"""One training step in a given precision, shared by the checks that train a model for real.
+
+The skip-rate probe (and anyone else who needs it: the NaN hunt, the speedup check) builds the
+model and optimizer the same way and steps them the same way, so "an fp16 step" measured by one
+check is the step another check reasons about. Precision handling itself lives in `precision`.
+"""
+from __future__ import annotations
+
+import gc
+import torch
+from torch import nn
+
+from ..workload import Batch, Workload
+from . import precision as prec
+
+
+def build(workload: Workload, device: torch.device, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh, seeded model on `device` in train mode, and its optimizer."""
+    torch.manual_seed(seed)
+    model = workload.build_model().to(device)
+    model.train()
+    return model, workload.make_optimizer(list(model.parameters()))
+
+
+def training_step(
+    workload: Workload,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    batch: Batch,
+    precision: str,
+    device: torch.device,
+) -> torch.Tensor:
+    """forward (autocast) -> scaled backward -> scaler.step -> scaler.update.
+
+    Returns the unscaled loss as a detached device tensor: no host sync happens here, so a
+    caller stepping many times decides when to synchronise.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    with prec.autocast(precision, device):
+        loss = workload.loss(model, batch)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach().float()
+
+
+def release(device: torch.device | str | None = None) -> None:
+    """Give cached device memory back after a check (or its OOM); callers drop their references first."""
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.empty_cache()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA/MPS/CPU allocation failures all read as 'out of memory' to the user."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    )
