@@ -1,8 +1,121 @@
-"""AMP Troubleshooter web app (placeholder until the app issue lands: it only lays out tabs)."""
-import gradio as gr
+"""AMP Troubleshooter web app: layout and event wiring only.
 
-with gr.Blocks(title="AMP Troubleshooter") as demo:
-    gr.Markdown("# AMP Troubleshooter\nDiagnose and fix PyTorch FP16/BF16 mixed-precision training.")
+Every callback is a plain function in `troubleshooter.ui` (tested directly); this file lays
+out the four tabs, connects components to those functions, and names the API endpoints.
+Run `python app.py --help` for serving options.
+"""
+from __future__ import annotations
+
+import sys
+
+# Worker processes are spawned, and spawn re-runs this file as `__mp_main__` in each child
+# before its job. A worker needs nothing from the page, so it skips gradio (4 s to import)
+# and the layout; job functions live in `troubleshooter.*`.
+_WORKER = __name__ == "__mp_main__"
+if not _WORKER:
+    import gradio as gr
+
+    from troubleshooter.ui import api, diagnose, host
+    from troubleshooter.ui.glue import api_event, page_event
+
+GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
+FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and concurrent
+PAGE = dict(api_visibility="undocumented")  # page events; the documented API is below
+
+CSS = """
+.status-box {min-height: 1.5em}
+#header-device {font-size: 0.95em; opacity: 0.9}
+"""
+
+
+def _diagnose_tab() -> None:
+    with gr.Row():
+        with gr.Column(scale=2):
+            upload = gr.File(label="Upload a training script (.py) or notebook (.ipynb)",
+                             file_types=[".py", ".ipynb"], elem_id="lint-upload")
+            code = gr.Code(language="python", lines=16, max_lines=40, interactive=True,
+                           label="…or paste your training code", elem_id="lint-code")
+            run = gr.Button("Diagnose", variant="primary", elem_id="lint-run")
+        with gr.Column(scale=3):
+            status = gr.Markdown(elem_id="lint-status", elem_classes=["status-box"])
+            table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, label="Findings", wrap=True,
+                                 interactive=False, elem_id="lint-findings",
+                                 column_widths=["9%", "14%", "6%", "21%", "25%", "25%"])
+            with gr.Row():
+                md_file = gr.File(label="Report (Markdown)", interactive=False, elem_id="lint-md")
+                json_file = gr.File(label="Report (JSON)", interactive=False, elem_id="lint-json")
+            with gr.Accordion("Explain a rule", open=True):
+                rule = gr.Dropdown(choices=_safe(diagnose.rule_choices, []), label="Rule",
+                                   value=None, elem_id="lint-rule")
+                explanation = gr.Markdown(elem_id="lint-explanation")
+            with gr.Accordion("Corrected script (mechanical, safe fixes)", open=False):
+                fixed_note = gr.Markdown()
+                fixed_code = gr.Code(language="python", label="Corrected script", interactive=False)
+                diff = gr.Code(label="Diff", interactive=False)
+                with gr.Row():
+                    fixed_file = gr.File(label="Corrected script", interactive=False)
+                    diff_file = gr.File(label="Diff", interactive=False)
+
+    outputs = [status, table, md_file, json_file, rule, fixed_note, fixed_code, diff, fixed_file, diff_file]
+    run.click(page_event(diagnose.ui_lint, len(outputs)), [code, upload], outputs, **FAST, **PAGE)
+    rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation], **FAST, **PAGE)
+
+
+def _safe(fn, default):
+    """Build-time data (rule list, presets) must not keep the page from starting."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        print(f"app: {getattr(fn, '__name__', fn)} unavailable: {exc}", file=sys.stderr)
+        return default
+
+
+def _api_endpoints() -> None:
+    """Named endpoints for gradio_client on hidden components (same functions as the page)."""
+    with gr.Column(visible=False):
+        code = gr.Textbox(label="code")
+        file = gr.File(label="file", file_types=[".py", ".ipynb"])
+        report = gr.JSON(label="report")
+        md, js = gr.File(label="report.md"), gr.File(label="report.json")
+        gr.Button("lint").click(api_event(api.lint), [code, file], [report, md, js], api_name="lint", **FAST)
+        rule_id = gr.Textbox(label="rule_id")
+        rules_json, rule_md = gr.JSON(label="rules"), gr.Markdown(label="explanation")
+        gr.Button("rules").click(api_event(api.rules), [rule_id], [rules_json, rule_md], api_name="rules", **FAST)
+
+
+def build_demo() -> gr.Blocks:
+    info = host.host_info()
+    with gr.Blocks(title="AMP Troubleshooter") as blocks:
+        gr.Markdown("# AMP Troubleshooter\nDiagnose and fix PyTorch FP16/BF16 mixed-precision training.")
+        gr.Markdown(f"**This host:** {info['summary']}", elem_id="header-device")
+        with gr.Tabs():
+            with gr.Tab("Diagnose a script", id="diagnose"):
+                _diagnose_tab()
+        _api_endpoints()
+    blocks.queue(default_concurrency_limit=8)
+    return blocks
+
+
+if not _WORKER:
+    demo = build_demo()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from troubleshooter.errors import UserError
+    from troubleshooter.ui import server
+
+    try:
+        settings = server.settings_from_args(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server.apply(settings)
+    if not server.is_loopback(settings.host) and settings.auth is None:
+        print(f"warning: serving on {settings.host} without --auth: anyone who can reach the port can use it",
+              file=sys.stderr)
+    demo.launch(**server.launch_kwargs(settings), css=CSS)
+    return 0
+
 
 if __name__ == "__main__":
-    demo.launch(server_name="127.0.0.1")
+    sys.exit(main())

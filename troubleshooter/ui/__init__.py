@@ -1,0 +1,5 @@
+"""The Gradio app's callbacks: plain functions over the library, one module per tab.
+
+`app.py` only lays out components and wires events to these functions, so every behaviour
+the page has can be tested by calling a function (tests/test_app_callbacks.py).
+"""

@@ -1,0 +1,99 @@
+"""Run a GPU-bound job in a worker process and relay its progress to the page.
+
+The server process must survive whatever a probe does (CUDA error, OOM kill, a hang), so
+check and speedup run through `troubleshooter.worker.run_in_worker`. Progress cannot be a
+callback across that boundary, so the child appends `fraction<TAB>message` lines to a small
+file and the parent polls it: no shared memory, nothing to leak if the child is killed.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+ProgressFn = Callable[[float, str], Any]
+
+
+class _FileProgress:
+    """The `progress(fraction, message)` callable the library calls inside the child."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, fraction: float, message: str = "") -> None:
+        try:
+            frac = min(max(float(fraction), 0.0), 1.0)
+        except (TypeError, ValueError):
+            frac = 0.0
+        line = f"{frac:.4f}\t{str(message).replace(chr(10), ' ')}\n"
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+
+def call_with_progress_file(func: Callable, progress_path: str, *args: Any, **kwargs: Any) -> Any:
+    """Module-level (picklable) trampoline run in the child: `func(*args, progress=..., **kwargs)`."""
+    return func(*args, progress=_FileProgress(progress_path), **kwargs)
+
+
+def _last_progress(path: str) -> tuple[float, str] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        frac, _, msg = line.partition("\t")
+        try:
+            return float(frac), msg
+        except ValueError:
+            continue
+    return None
+
+
+def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn | None = None,
+            in_worker: bool = True, poll_s: float = 0.25, **kwargs: Any) -> Any:
+    """Run `func(*args, progress=..., **kwargs)`; in a spawned worker unless `in_worker=False`.
+
+    `in_worker=False` is for callers whose library call already isolates itself (an opted-in
+    Python model file runs in its own child via `spec.run_with_workload`; the worker's child
+    is a daemon and may not start another).
+    """
+    if not in_worker:
+        return func(*args, progress=progress, **kwargs)
+    from ..worker import run_in_worker
+
+    fd, path = tempfile.mkstemp(prefix="amp-progress-", suffix=".txt")
+    os.close(fd)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = run_in_worker(call_with_progress_file, func, path, *args,
+                                              timeout_s=timeout_s, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"job-{getattr(func, '__name__', 'job')}", daemon=True)
+    thread.start()
+    seen = None
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            if progress is not None:
+                last = _last_progress(path)
+                if last is not None and last != seen:
+                    seen = last
+                    try:
+                        progress(*last)
+                    except Exception:  # a closed page must not fail the job
+                        pass
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")

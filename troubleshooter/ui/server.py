@@ -1,0 +1,110 @@
+"""How the app is served: command-line arguments, auth, and the settings callbacks read.
+
+The settings are a module-level object (not arguments baked into the layout) because
+`app.py` must build `demo` at import time, before `python app.py --allow-exec ...` has
+parsed its arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from ..errors import UserError
+
+AUTH_ENV = "AMP_TROUBLESHOOTER_AUTH"
+DEFAULT_MAX_FILE_MB = 100.0
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 7860
+    auth: tuple[str, str] | None = None
+    allow_exec: bool = False  # only then may uploaded Python model files run (in a child process)
+    max_file_mb: float = DEFAULT_MAX_FILE_MB
+    job_timeout_s: float = 600.0  # wall-clock limit of one check/speedup job in its worker
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * 1024 * 1024)
+
+
+SETTINGS = Settings()
+
+
+def parse_auth(text: str) -> tuple[str, str]:
+    """`USER:PASS` -> (user, pass); the password may contain colons, the user may not be empty."""
+    user, sep, password = (text or "").partition(":")
+    if not sep or not user.strip() or not password:
+        raise UserError("auth must look like USER:PASS (both non-empty)")
+    return user.strip(), password
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python app.py",
+        description="Serve the AMP Troubleshooter web page (and its Gradio API).",
+    )
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 for the network)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--auth", metavar="USER:PASS", default=None,
+                   help=f"require a login; or set the environment variable {AUTH_ENV}=USER:PASS")
+    p.add_argument("--allow-exec", action="store_true",
+                   help="allow uploaded Python model files (build_model()/make_batch()) to run, "
+                        "each in a child process with a time limit; off by default")
+    p.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, metavar="N",
+                   help=f"largest upload accepted, in MiB (default {DEFAULT_MAX_FILE_MB:g})")
+    p.add_argument("--job-timeout", type=float, default=600.0, metavar="S",
+                   help="time limit of one check or speedup job, in seconds (default 600)")
+    return p
+
+
+def settings_from_args(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
+    """Parse arguments into `Settings`; bad values raise `UserError` with a readable message."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, not {args.port}")
+    if not args.max_file_mb > 0:
+        raise UserError(f"--max-file-mb must be positive, not {args.max_file_mb:g}")
+    if not args.job_timeout > 0:
+        raise UserError(f"--job-timeout must be positive, not {args.job_timeout:g}")
+    auth_text = args.auth if args.auth is not None else environ.get(AUTH_ENV)
+    auth = parse_auth(auth_text) if auth_text else None
+    if args.allow_exec and not is_loopback(args.host) and auth is None:
+        raise UserError(
+            "--allow-exec on a non-loopback address needs --auth USER:PASS "
+            f"(or {AUTH_ENV}): otherwise anyone who can reach the port can run code here"
+        )
+    return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
+                    max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout)
+
+
+def apply(settings: Settings) -> None:
+    """Make `settings` the ones every callback reads."""
+    for name, value in vars(settings).items():
+        setattr(SETTINGS, name, value)
+
+
+def launch_kwargs(settings: Settings) -> dict:
+    """Keyword arguments for `demo.launch` (gradio 6: theme/css also go here)."""
+    return {
+        "server_name": settings.host,
+        "server_port": settings.port,
+        "auth": settings.auth,
+        "max_file_size": settings.max_file_bytes,
+        "show_error": True,  # gr.Error messages reach the page and API clients
+        "footer_links": ["api"],
+    }
