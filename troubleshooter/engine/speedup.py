@@ -1,0 +1,539 @@
+"""The quick speedup check: is AMP actually faster for this model on this machine?
+
+A full training step (forward, loss, backward, optimizer step) is timed in each precision,
+each on its own model and optimizer built from the same seed. After a discarded warm-up the
+precisions are timed in interleaved rounds (fp32 bf16 fp16, fp32 bf16 fp16, ...) so drift of
+the machine (clocks, other processes) hits all of them alike, until every precision's spread
+(IQR / median) is below `TARGET_SPREAD` or the time budget runs out. The result is the
+`speedup --format json` object; `make_verdict` (in `verdict.py`) turns it into advice.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import hardware
+from ..errors import UserError
+from ..workload import Workload
+from . import precision as prec
+from .timing import StepTimer, summarize
+from .training_step import build, is_oom, release, training_step
+from .verdict import Verdict, make_verdict
+
+DEFAULT_BUDGET_S = 60.0
+TARGET_SPREAD = 0.03  # stop sampling once every precision's IQR/median is below this ...
+MIN_SAMPLES = 10  # ... and it has at least this many samples
+MIN_ROUNDS = 3  # taken even when the budget is already spent, so a median exists
+MAX_SAMPLES = 500  # per precision: enough for a stable median, keeps the JSON small
+WARMUP_STEPS = 3  # discarded; their losses are the accuracy sanity check
+COMPILE_WARMUP_STEPS = 6  # the first compiled steps compile and autotune
+WARMUP_SHARE = 0.4  # share of the budget the warm-up of all precisions may take before it is cut short
+N_BATCHES = 4  # distinct synthetic batches, cycled, the same for every precision
+
+ProgressFn = Callable[[float, str], None]
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
+
+
+# ---------------------------------------------------------------- the device
+
+
+def _cpu_flags() -> tuple[str, dict[str, bool]]:
+    """CPU model name and the instruction-set flags that decide whether fp16/bf16 math is native."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and name in ("", platform.machine(), platform.processor()):
+                    name = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return name or "unknown CPU", {f: f in flags for f in _CPU_FLAGS}
+
+
+def describe_device(device: torch.device) -> dict[str, Any]:
+    """What was measured on, in the words the report and the verdict need."""
+    info: dict[str, Any] = {"type": device.type, "index": device.index, "torch": torch.__version__}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(index)
+        arch = hardware.architecture_for(cc)
+        name = torch.cuda.get_device_name(index)
+        info.update(
+            index=index, name=name, compute_capability=f"{cc[0]}.{cc[1]}", architecture=arch.name,
+            tensor_cores=arch.fp16_tensor_cores, bf16_native=arch.bf16, tf32=arch.tf32,
+            memory_bytes=torch.cuda.get_device_properties(index).total_memory,
+            cpu_numbers=False, note=None,
+        )
+        info["summary"] = (f"{name} · sm_{cc[0]}{cc[1]} ({arch.name}) · bf16 {'✓' if arch.bf16 else '✗'} "
+                           f"fp16 tensor cores {'✓' if arch.fp16_tensor_cores else '✗'} tf32 {'✓' if arch.tf32 else '✗'}")
+        return info
+    name, flags = _cpu_flags()
+    bf16 = flags["avx512_bf16"] or flags["amx_bf16"]
+    fp16 = flags["avx512_fp16"] or flags["amx_fp16"]
+    cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else None
+    info.update(
+        name=name, cpu_features=flags, cpu_capability=cap, threads=torch.get_num_threads(),
+        tensor_cores=False, bf16_native=bf16, fp16_native=fp16, tf32=False, cpu_numbers=True,
+        note=("CPU numbers: they say how AMP behaves on this CPU, not on a GPU. "
+              f"bf16 instructions {'present' if bf16 else 'absent'}, fp16 instructions "
+              f"{'present' if fp16 else 'absent'}."),
+    )
+    if device.type == "mps":
+        info.update(name="Apple GPU (MPS)", cpu_numbers=False, cpu_features=None,
+                    note="MPS numbers: Apple GPU through Metal")
+    shown = " ".join(f"{k} {'✓' if v else '✗'}" for k, v in flags.items())
+    info["summary"] = f"CPU (no GPU) · {name} · {torch.get_num_threads()} threads · {shown}"
+    return info
+
+
+def split_available(precisions: Sequence[str], device: torch.device,
+                    info: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """Which precisions can be timed here; the others with the reason why not.
+
+    TF32 is never "timed as fp32": without TF32 hardware it is reported unavailable. bf16 on a
+    GPU without native bf16 is still timed (autocast emulates it) and flagged `native: false`,
+    because "how slow is it" is what a user of such a GPU wants to know.
+    """
+    available, unavailable = [], {}
+    for p in precisions:
+        if p == "tf32" and device.type != "cuda":
+            unavailable[p] = (f"TF32 needs an NVIDIA GPU of the Ampere generation or newer; "
+                              f"this is a {'CPU' if device.type == 'cpu' else device.type.upper()}")
+        elif p == "tf32" and not info.get("tf32"):
+            unavailable[p] = (f"TF32 needs Ampere or newer (compute capability 8.0+); "
+                              f"{info.get('name')} is sm_{info.get('compute_capability', '?').replace('.', '')}")
+        elif p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            unavailable[p] = f"this PyTorch build cannot run bfloat16 on {info.get('name')}"
+        else:
+            available.append(p)
+    return available, unavailable
+
+
+def default_precisions(device: torch.device) -> list[str]:
+    """All four: tf32 then shows up as unavailable (with the reason) where it cannot run."""
+    return list(prec.PRECISIONS)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _tensor_bytes(*objs: Any) -> int:
+    """Bytes of the distinct storages behind the tensors found in objs (params, grads, state)."""
+    seen: dict[int, int] = {}
+
+    def visit(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        elif isinstance(o, dict):
+            for v in o.values():
+                visit(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                visit(v)
+
+    for o in objs:
+        visit(o)
+    return sum(seen.values())
+
+
+def _profiled_step_peak(step: Callable[[], Any]) -> int:
+    """Peak of live CPU tensor bytes during one call, relative to its start (PyTorch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+# ---------------------------------------------------------------- one precision
+
+
+class _Runner:
+    """One precision's model, optimizer and scaler, built from the shared seed."""
+
+    def __init__(self, workload: Workload, precision: str, device: torch.device, seed: int, compile: bool):
+        self.workload, self.precision, self.device = workload, precision, device
+        self.model, self.optimizer = build(workload, device, seed)
+        self.step_model = torch.compile(self.model) if compile else self.model
+        self.scaler = prec.make_scaler(precision, device)
+        self.losses: list[float | None] = []
+        self.skipped_steps = 0
+        self.peak_memory_bytes: int | None = None
+        self.memory_method: str | None = None
+
+    def step(self, batch) -> torch.Tensor:
+        with prec.precision_mode(self.precision, self.device):
+            return training_step(self.workload, self.step_model, self.optimizer, self.scaler,
+                                 batch, self.precision, self.device)
+
+    def warm_up_step(self, batch) -> float:
+        """One discarded step that records its loss (a host sync is fine here); returns seconds."""
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        t0 = time.perf_counter()
+        loss = self.step(batch).item()
+        prec.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        if scale is not None and self.scaler.get_scale() < scale:
+            self.skipped_steps += 1
+        self.losses.append(loss if math.isfinite(loss) else None)
+        return seconds
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _error_text(exc: BaseException, compile: bool) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    msg = msg[:300]
+    if is_oom(exc):
+        return f"out of memory: {msg or type(exc).__name__} (try a smaller batch)"
+    name = type(exc).__name__
+    if compile and ("dynamo" in type(exc).__module__ or "inductor" in type(exc).__module__
+                    or "_dynamo" in repr(type(exc)) or "compile" in msg.lower()):
+        return f"torch.compile failed: {name}: {msg} (run without --compile)"
+    return f"{name}: {msg}" if msg else name
+
+
+# ---------------------------------------------------------------- the check
+
+
+def _emit(progress: ProgressFn | None, fraction: float, message: str) -> None:
+    if progress is not None:
+        progress(max(0.0, min(1.0, fraction)), message)
+
+
+def _alignment_notes(workload: Workload, device: torch.device, model) -> tuple[list[str], float | None]:
+    """Significant misaligned dimensions (AMP201) and the forward FLOPs the alignment trace saw."""
+    try:
+        from .alignment import check_alignment
+    except ImportError:
+        return [], None
+    try:
+        result = check_alignment(workload, device, model=model)
+    except Exception:  # noqa: BLE001 - a reason for the verdict, never a failure of the check
+        return [], None
+    notes = [f"{r.module or '<model>'} {r.dimension}={r.value} (pad to {r.padded})"
+             for r in result.rows if r.significant]
+    return notes, result.summary.get("forward_flops")
+
+
+def run_speedup(
+    workload: Workload,
+    device: str | torch.device = "auto",
+    precisions: Sequence[str] | str | None = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    compile: bool = False,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Time a training step in each precision on `device` within `budget_s`; the JSON object."""
+    if not isinstance(budget_s, (int, float)) or not math.isfinite(budget_s) or budget_s <= 0:
+        raise UserError(f"--budget must be a positive number of seconds, got {budget_s!r}")
+    t_start = time.perf_counter()
+    dev = prec.resolve_device(device)
+    if isinstance(precisions, str):
+        precisions = prec.parse_precisions(precisions)
+    requested = [prec.check_precision(p) for p in (precisions or default_precisions(dev))]
+    info = describe_device(dev)
+    available, unavailable = split_available(requested, dev, info)
+    errors: dict[str, str] = {}
+    _emit(progress, 0.0, f"preparing {workload.name} on {info['name']}")
+
+    try:
+        batches = [workload.batch(dev, seed=seed + i) for i in range(N_BATCHES)]
+    except Exception as exc:  # noqa: BLE001 - a spec whose batches cannot be made is the user's input
+        raise UserError(f"could not make a batch for {workload.name}: {type(exc).__name__}: {exc}") from None
+
+    # ---- build and warm up each precision on its own (its peak memory is measured here)
+    runners: dict[str, _Runner] = {}
+    warmup_steps = COMPILE_WARMUP_STEPS if compile else WARMUP_STEPS
+    warmup_fixed = False
+    for i, p in enumerate(available):
+        _emit(progress, 0.3 * i / max(1, len(available)), f"warming up {p}" + (" (compiling)" if compile else ""))
+        runner = None
+        try:
+            runner, n = _prepare(workload, p, dev, seed, compile, batches, warmup_steps, warmup_fixed,
+                                 budget_s * WARMUP_SHARE / max(1, len(available)))
+            runners[p] = runner
+            warmup_steps, warmup_fixed = n, True  # later precisions take exactly as many steps
+        except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
+            errors[p] = _error_text(exc, compile)
+            runner = None
+            release(dev)
+
+    # ---- interleaved timing rounds
+    samples, stop_reason, rounds = _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress)
+    elapsed = time.perf_counter() - t_start
+
+    first = next(iter(runners.values()), None)
+    misaligned, forward_flops = _alignment_notes(workload, dev, first.model if first else None) if first else ([], None)
+    flops = workload.flops_per_step
+    flops_method = "workload" if flops else None
+    if flops is None and forward_flops:
+        flops, flops_method = 3.0 * forward_flops, "estimated: 3 x forward FLOPs (torch flop counter)"
+
+    results = _results(runners, samples, workload, info, flops)
+    spec = {
+        "name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len,
+        "flops_per_step": flops, "flops_method": flops_method,
+        "parameters": first.parameter_count() if first else None,
+        "loss_weight": workload.loss_weight, **dict(workload.summary or {}),
+    }
+    fp32_share = results.get("fp32", {}).get("peak_share")
+    verdict = make_verdict(
+        {p: r["median_ms"] for p, r in results.items()},
+        device_type=dev.type, device_name=info.get("name"), cpu_features=info.get("cpu_features"),
+        tensor_cores=info.get("tensor_cores") if dev.type == "cuda" else None,
+        bf16_native=info.get("bf16_native"), flops_per_step=flops, batch_size=workload.batch_size,
+        seq_len=workload.seq_len, fp32_peak_share=fp32_share, misaligned=misaligned,
+        loss_rel_diff={p: r.get("loss_rel_diff_vs_fp32") for p, r in results.items()}, compiled=compile,
+    )
+    for p in list(runners):
+        del runners[p]
+    release(dev)
+    _emit(progress, 1.0, verdict.recommendation)
+    return {
+        "device": info,
+        "spec": spec,
+        "settings": {
+            "precisions": requested, "budget_s": budget_s, "compile": bool(compile), "seed": seed,
+            "warmup_steps": warmup_steps, "target_spread": TARGET_SPREAD, "min_samples": MIN_SAMPLES,
+            "rounds": rounds, "stopped_because": stop_reason, "elapsed_s": round(elapsed, 3),
+            "budget_exceeded_s": round(elapsed - budget_s, 3) if elapsed > budget_s * 1.05 else None,
+            "timer": "cuda events" if dev.type == "cuda" else "perf_counter after synchronize",
+        },
+        "results": results,
+        "unavailable": unavailable,
+        "errors": errors,
+        "verdict": verdict.to_dict(),
+        "findings": [f.to_dict() for f in verdict.findings],
+    }
+
+
+def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, share_s):
+    """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
+
+    The first precision's warm-up is cut short (to at least 2 steps) when it would eat more than
+    its share of the budget; the others then take exactly as many steps, so their losses compare.
+    """
+    cuda = dev.type == "cuda"
+    if cuda:
+        prec.synchronize(dev)
+        release(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    runner = _Runner(workload, p, dev, seed, compile)
+    spent, n = 0.0, 0
+    while n < warmup_steps:
+        spent += runner.warm_up_step(batches[n % len(batches)])
+        n += 1
+        if not fixed and n >= 2 and spent > share_s:
+            break
+    if cuda:
+        prec.synchronize(dev)
+        runner.peak_memory_bytes = int(torch.cuda.max_memory_allocated(dev) - base)
+        runner.memory_method = "torch.cuda.max_memory_allocated during this precision's warm-up, minus what was allocated before"
+    elif dev.type == "cpu":
+        steady = _tensor_bytes(list(runner.model.parameters()), [q.grad for q in runner.model.parameters()],
+                               runner.optimizer.state_dict()["state"])
+        try:
+            extra = _profiled_step_peak(lambda: runner.step(batches[n % len(batches)]))
+            runner.peak_memory_bytes = int(steady + extra)
+            runner.memory_method = ("CPU tensor memory: parameters, gradients and optimizer state plus the "
+                                    "peak of one step traced by the PyTorch profiler (not the process RSS)")
+        except Exception as exc:  # noqa: BLE001 - memory is a nice-to-have on CPU
+            runner.memory_method = f"not measured on CPU: the PyTorch profiler failed ({type(exc).__name__})"
+        # the profiled step is one more training step: every precision takes it, so losses stay aligned
+    else:
+        runner.memory_method = f"not measured on {dev.type}"
+    return runner, n
+
+
+def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
+    """A B C A B C ... until every spread is small, MAX_SAMPLES, or the budget (after MIN_ROUNDS)."""
+    samples: dict[str, list[float]] = {p: [] for p in runners}
+    timers = {p: StepTimer(dev) for p in runners}
+    deadline = t_start + budget_s
+    rounds, stop_reason = 0, "no precision could be measured" if not runners else None
+    while runners:
+        round_start = time.perf_counter()
+        batch = batches[rounds % len(batches)]
+        for p in list(runners):
+            try:
+                timers[p].time(lambda r=runners[p]: r.step(batch))
+                samples[p].extend(timers[p].collect())
+            except Exception as exc:  # noqa: BLE001
+                errors[p] = _error_text(exc, False)
+                del runners[p], samples[p]
+                release(dev)
+        rounds += 1
+        if not runners:
+            stop_reason = "every precision failed"
+            break
+        now = time.perf_counter()
+        spreads = {p: summarize(s).spread for p, s in samples.items()}
+        worst = max(spreads.values())
+        _emit(progress, 0.3 + 0.7 * min(1.0, (now - t_start) / budget_s),
+              f"round {rounds}: " + ", ".join(f"{p} {summarize(s).median:.2f} ms" for p, s in samples.items())
+              + f" (spread {worst:.1%})")
+        if rounds >= MAX_SAMPLES:
+            stop_reason = "max_samples"
+            break
+        if rounds >= MIN_SAMPLES and worst < TARGET_SPREAD:
+            stop_reason = "spread"
+            break
+        if rounds >= MIN_ROUNDS and now + (now - round_start) > deadline:
+            stop_reason = "budget"
+            break
+    return samples, stop_reason, rounds
+
+
+def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    base = samples.get("fp32")
+    base_med = summarize(base).median if base else None
+    tf32 = samples.get("tf32")
+    tf32_med = summarize(tf32).median if tf32 else None
+    fp32_losses = runners["fp32"].losses if "fp32" in runners else None
+    for p, runner in runners.items():
+        s = samples[p]
+        summ = summarize(s)
+        seconds = summ.median / 1000.0
+        r: dict[str, Any] = {
+            "median_ms": summ.median, "q1_ms": summ.q1, "q3_ms": summ.q3, "iqr_ms": summ.iqr,
+            "spread": summ.spread, "samples": len(s), "samples_ms": s,
+            "throughput": workload.items_per_step / seconds if seconds > 0 else None,
+            "throughput_unit": workload.samples_unit,
+            "peak_memory_bytes": runner.peak_memory_bytes, "peak_memory_method": runner.memory_method,
+            "speedup_vs_fp32": base_med / summ.median if base_med else None,
+            "speedup_vs_fp32_paired": None,
+            "speedup_vs_fp32_iqr": None,
+            "final_loss": runner.losses[-1] if runner.losses else None,
+            "losses": runner.losses,
+            "loss_rel_diff_vs_fp32": None,
+            "native": _native(p, info),
+        }
+        if base and p != "fp32":
+            ratios = summarize([b / x for b, x in zip(base, s) if x > 0])  # paired by round
+            r["speedup_vs_fp32_paired"] = ratios.median
+            r["speedup_vs_fp32_iqr"] = [ratios.q1, ratios.q3]
+        if tf32_med:
+            r["speedup_vs_tf32"] = tf32_med / summ.median
+        if fp32_losses and runner.losses:
+            a, b = fp32_losses[-1], runner.losses[-1]
+            if a is not None and b is not None and a != 0:
+                r["loss_rel_diff_vs_fp32"] = abs(b - a) / abs(a)
+        if p == "fp16":
+            r["skipped_steps"] = runner.skipped_steps
+        if flops:
+            achieved = flops / seconds / 1e12
+            peak = hardware.peak_tflops(info.get("name") or "", p) if info["type"] == "cuda" else None
+            r.update(achieved_tflops=achieved, peak_tflops=peak, peak_share=achieved / peak if peak else None)
+            if peak is None:
+                r["peak_note"] = ("no peak figure for a CPU" if info["type"] != "cuda"
+                                  else f"no {p} peak figure for {info.get('name')} in data/gpus.yaml")
+        out[p] = r
+    return out
+
+
+def _native(p: str, info: dict[str, Any]) -> bool:
+    """Whether the device has hardware for this precision's math (else it is emulated/converted)."""
+    if p == "fp32":
+        return True
+    if p == "tf32":
+        return bool(info.get("tf32"))
+    if info["type"] == "cuda":
+        return bool(info.get("bf16_native")) if p == "bf16" else bool(info.get("tensor_cores"))
+    return bool(info.get("bf16_native" if p == "bf16" else "fp16_native"))
+
+
+# ---------------------------------------------------------------- text for people
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _rate(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.2f}{suffix}"
+    return f"{x:.1f}"
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """The report for a terminal: device, a table per precision, the verdict and its reasons."""
+    dev, spec, st = result["device"], result["spec"], result["settings"]
+    lines = [f"Speedup check: {spec['name']} (batch {spec['batch_size']}"
+             + (f" x {spec['seq_len']} tokens" if spec.get("seq_len") else "") + ")"
+             + (" with torch.compile" if st["compile"] else ""),
+             f"device: {dev.get('summary', dev.get('name'))}"]
+    if dev.get("note"):
+        lines.append(dev["note"])
+    lines.append(f"{st['rounds']} interleaved rounds in {st['elapsed_s']:.1f} s (budget {st['budget_s']:g} s; "
+                 f"stopped: {st['stopped_because']}); {st['warmup_steps']} warm-up steps discarded; "
+                 f"timer: {st['timer']}")
+    if st.get("budget_exceeded_s"):
+        lines.append(f"note: the budget was exceeded by {st['budget_exceeded_s']:.1f} s "
+                     f"(warm-up plus {MIN_ROUNDS} rounds is the minimum for a median)")
+    results = result["results"]
+    unit = next((r["throughput_unit"] for r in results.values()), "samples/s")
+    has_tflops = any(r.get("achieved_tflops") is not None for r in results.values())
+    head = f"{'precision':<10}{'median ms':>11}{'IQR ms':>9}{'spread':>8}{unit:>12}{'peak mem':>12}{'vs fp32':>9}"
+    head += f"{'TFLOP/s':>9}{'of peak':>8}" if has_tflops else ""
+    head += f"  {'final loss (vs fp32)'}"
+    lines += ["", head]
+    for p, r in results.items():
+        vs = f"{r['speedup_vs_fp32']:.2f}x" if r.get("speedup_vs_fp32") else "n/a"
+        row = (f"{p + ('' if r.get('native', True) else '*'):<10}{r['median_ms']:>11.3f}{r['iqr_ms']:>9.3f}"
+               f"{r['spread']:>8.1%}{_rate(r['throughput']):>12}{_bytes(r['peak_memory_bytes']):>12}{vs:>9}")
+        if has_tflops:
+            share = f"{r['peak_share']:.0%}" if r.get("peak_share") is not None else "n/a"
+            row += f"{r['achieved_tflops']:>9.3g}{share:>8}"
+        loss = r.get("final_loss")
+        diff = r.get("loss_rel_diff_vs_fp32")
+        row += f"  {loss:.4g}" if loss is not None else "  non-finite"
+        row += f" ({diff:.2%})" if diff is not None and p != "fp32" else ""
+        if p == "fp16" and r.get("skipped_steps"):
+            row += f", {r['skipped_steps']} skipped warm-up step(s)"
+        lines.append(row)
+    if any(not r.get("native", True) for r in results.values()):
+        lines.append("* no native hardware for this precision here: converted/emulated")
+    for p, why in result.get("unavailable", {}).items():
+        lines.append(f"{p}: unavailable: {why}")
+    for p, why in result.get("errors", {}).items():
+        lines.append(f"{p}: error: {why}")
+    mem = next((r["peak_memory_method"] for r in results.values() if r.get("peak_memory_method")), None)
+    if mem:
+        lines.append(f"peak memory: {mem}")
+    v = result["verdict"]
+    lines += ["", f"Verdict: {v['recommendation']}"]
+    for reason in v.get("reasons", []):
+        lines.append(f"  - {reason}")
+    for f in result.get("findings", []):
+        lines.append(f"{f['rule']} {f['name']} ({f['severity']}): {f['message']}")
+    return "\n".join(lines) + "\n"
