@@ -1,0 +1,128 @@
+"""Read a YAML spec: parse with line numbers, validate the schema, resolve the layers.
+
+Problems are collected, never raised one at a time: the user fixes the whole spec in one go.
+Nothing in a YAML spec is executed; layers come from an allow-list of torch.nn classes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from . import layers as layer_lib
+from .schema import Spec
+
+
+def _line_map(text: str) -> dict[tuple, int]:
+    """(key, index, ...) path -> 1-based line of that node in the YAML text."""
+    lines: dict[tuple, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+
+    def walk(node, path):
+        if node is None:
+            return
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                k = key.value if isinstance(key, yaml.ScalarNode) else str(key)
+                lines[path + (k,)] = key.start_mark.line + 1
+                walk(value, path + (k,))
+                lines[path + (k,)] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    walk(root, ())
+    return lines
+
+
+def _where(path: tuple, lines: dict[tuple, int]) -> str:
+    """'line 7: input.shape[1]' from a path, using the deepest part of it the YAML has."""
+    dotted = ""
+    for part in path:
+        dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
+    for cut in range(len(path), -1, -1):
+        if path[:cut] in lines:
+            line = lines[path[:cut]]
+            return f"line {line}: {dotted}" if dotted else f"line {line}"
+    return dotted or "spec"
+
+
+def parse_yaml(text: str) -> tuple[Any, dict[tuple, int]]:
+    """Raw data and line map; raises SpecError (with the line) on malformed YAML."""
+    from ..errors import SpecError
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"the spec is not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a YAML mapping with at least `model:` "
+                        f"(got {type(data).__name__ if data is not None else 'an empty document'})")
+    return data, _line_map(text)
+
+
+def _pydantic_problems(err: ValidationError, lines: dict[tuple, int]) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-before", "function-after")))
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {loc[-1]!r}"
+        elif e["type"] == "literal_error":
+            msg = f"{msg}, got {e.get('input')!r}"
+        problems.append(f"{_where(loc, lines)}: {msg}")
+    return problems
+
+
+def validate_schema(data: dict, lines: dict[tuple, int]) -> tuple[Spec | None, list[str]]:
+    try:
+        return Spec.model_validate(data), []
+    except ValidationError as err:
+        return None, _pydantic_problems(err, lines)
+
+
+def resolve_layers(entries: list, lines: dict[tuple, int]) -> tuple[list[tuple[str, tuple, dict]], list[str]]:
+    """Each entry (`ReLU`, `{Linear: [4, 8]}`, `{Linear: {in_features: 4, ...}}`) -> (class, args, kwargs)."""
+    resolved, problems = [], []
+    for i, entry in enumerate(entries):
+        where = _where(("model", "layers", i), lines)
+        if isinstance(entry, str):
+            name, raw = entry.strip(), None
+        elif isinstance(entry, dict) and len(entry) == 1:
+            name, raw = next(iter(entry.items()))
+            name = str(name).strip()
+        else:
+            problems.append(f"{where}: a layer is a name (`- ReLU`) or one `Name: arguments` pair, got {entry!r}")
+            continue
+        cls, why = layer_lib.layer_class(name)
+        if cls is None:
+            problems.append(f"{where}: {why}")
+            continue
+        if raw is None:
+            args, kwargs = [], {}
+        elif isinstance(raw, list):
+            args, kwargs = raw, {}
+        elif isinstance(raw, dict):
+            args, kwargs = [], {str(k): v for k, v in raw.items()}
+        else:
+            args, kwargs = [raw], {}
+        args, kwargs, problem = layer_lib.bind_arguments(cls, args, kwargs)
+        if problem:
+            problems.append(f"{where} ({name}): {problem}")
+            continue
+        resolved.append((name, args, kwargs))
+    return resolved, problems
+
+
+def layer_line(index: int, lines: dict[tuple, int]) -> str:
+    return _where(("model", "layers", index), lines)
