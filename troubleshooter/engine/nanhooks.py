@@ -1,0 +1,383 @@
+"""Hook machinery of the NaN hunt: reduce on the device, synchronise once per step.
+
+Why this shape: `torch.autograd.detect_anomaly` checks every op and syncs every time, which
+makes it too slow to leave on. Here every module call records the min and max of each
+floating tensor it takes and returns (`torch.aminmax`: one kernel, NaN-propagating, no
+temporary copy), and gradient hooks record the same for the gradient of every module output
+and every parameter. The 0-d results stay on the device in a Python list until `collect()`,
+which stacks them and copies them to the host in one transfer: the only synchronisation of a
+step. The analysis then walks the calls in execution order for the first non-finite value.
+
+Choices that keep it robust in real training code:
+- inputs are reduced in a forward PRE-hook, so an in-place module (ReLU(inplace=True)) is
+  seen with its true inputs; a tensor already reduced (same object, same `_version`) is not
+  reduced twice, which also tells us which module consumed which module's output;
+- backward uses tensor hooks on module outputs plus parameter hooks, not
+  `register_full_backward_hook`, which breaks on in-place ops after a hooked module and
+  would change the user's autograd graph; a module called twice gets hooks per call.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+_MAX_NEST = 4  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors inside a module's inputs/outputs: tensors, tuples, lists, dicts (ModelOutput)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < _MAX_NEST:
+        if isinstance(obj, (tuple, list)):
+            for item in obj:
+                yield from _tensors(item, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                yield from _tensors(item, depth + 1)
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return str(dtype).replace("torch.", "") if dtype is not None else None
+
+
+def number(x: float) -> float | str:
+    """A JSON-safe number: finite floats as floats (6 significant digits), else 'inf'/'nan'."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(f"{x:.6g}")
+
+
+class _Call:
+    """One module call of one step: slots of its inputs and outputs, its parent call."""
+
+    __slots__ = ("module", "ins", "outs", "dtype", "parent", "order")
+
+    def __init__(self, module: int, ins: tuple[int, ...], parent: "_Call | None"):
+        self.module = module
+        self.ins = ins
+        self.outs: tuple[int, ...] = ()
+        self.dtype: torch.dtype | None = None
+        self.parent = parent
+        self.order = -1  # completion order within the step, set by the forward hook
+
+
+class _Step:
+    """Everything recorded between two `collect()`s; values stay on the device until then."""
+
+    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending")
+
+    def __init__(self) -> None:
+        self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
+        self.calls: list[_Call] = []  # completed calls, in completion order
+        self.stack: list[_Call] = []  # calls still running (nested modules)
+        self.seen: dict[int, tuple[Any, int, int]] = {}  # id(tensor) -> (weakref, _version, slot)
+        self.consumers: dict[int, list[_Call]] = {}  # slot -> calls that took it as input
+        self.grads: list[tuple[str, Any, int]] = []  # backward events: ("out", call, slot) | ("param", idx, slot)
+        self.autocast: str | None = None  # autocast dtype seen at the root call, if any
+        self.pending = False  # anything recorded since the last collect
+
+
+@dataclass
+class StepReport:
+    """What `collect()` found; `forward`/`backward` are None when everything was finite."""
+
+    forward: dict | None
+    backward: dict | None
+    loss_grad_nonfinite: bool  # the first non-finite gradient is the loss's own gradient
+    calls: list[dict] = field(default_factory=list)  # per call: module, output finite, output max |x|
+    n_calls: int = 0
+    n_grads: int = 0
+    autocast: str | None = None
+
+    @property
+    def finite(self) -> bool:
+        return self.forward is None and self.backward is None
+
+
+class HookSet:
+    """Hooks on a module tree recording cheap on-device min/max; `collect()` analyses a step."""
+
+    def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"nanhunt needs a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.forward = forward
+        self.backward = backward
+        self.active = True  # False: hooks return at once (steps skipped by `every`)
+        self.on_root_call = None  # callable(HookSet) run before each top-level forward
+        self._live = False
+        self._handles: list[Any] = []
+        self._names: list[str] = []
+        self._classes: list[str] = []
+        self._param_names: list[str] = []
+        self._param_owner: list[int] = []
+        self._step = _Step()
+
+    # -- attach / detach ---------------------------------------------------------------
+    def attach(self) -> "HookSet":
+        if self._live:
+            return self
+        index_of: dict[int, int] = {}
+        for name, module in self.model.named_modules():
+            idx = len(self._names)
+            index_of[id(module)] = idx
+            self._names.append(name)
+            self._classes.append(type(module).__name__)
+            self._handles.append(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(partial(self._post, idx)))
+        if self.backward:
+            for mname, module in self.model.named_modules():
+                for pname, param in module.named_parameters(recurse=False):
+                    if not param.requires_grad:
+                        continue
+                    pidx = len(self._param_names)
+                    self._param_names.append(f"{mname}.{pname}" if mname else pname)
+                    self._param_owner.append(index_of[id(module)])
+                    self._handles.append(param.register_hook(partial(self._param_grad, pidx)))
+        self._live = True
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._live = False
+
+    @property
+    def pending(self) -> bool:
+        return self._step.pending
+
+    # -- recording ---------------------------------------------------------------------
+    def _slot(self, step: _Step, t: torch.Tensor) -> int | None:
+        """Index of t's min/max in step.vals, reducing it on the device unless already done."""
+        if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+            return None
+        key = id(t)
+        hit = step.seen.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2]
+        slot = self._reduce(step, t)
+        step.seen[key] = (weakref.ref(t), t._version, slot)
+        return slot
+
+    @staticmethod
+    def _reduce(step: _Step, t: torch.Tensor) -> int:
+        d = t.detach()
+        if d.is_complex():
+            d = d.abs()
+        lo, hi = torch.aminmax(d)
+        slot = len(step.vals) // 2
+        step.vals.append(lo)
+        step.vals.append(hi)
+        step.pending = True
+        return slot
+
+    def _pre(self, idx: int, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if idx == 0:
+            self._step.stack.clear()  # a top-level call; a previous one may have raised half-way
+            if self.on_root_call is not None:
+                self.on_root_call(self)
+        if not (self.active and self._live):
+            return None
+        step = self._step
+        if idx == 0 and step.autocast is None:
+            step.autocast = _autocast_now(args)
+        ins: list[int] = []
+        if self.forward or self.backward:
+            for t in _tensors((args, kwargs) if kwargs else args):
+                slot = self._slot(step, t)
+                if slot is not None:
+                    ins.append(slot)
+        call = _Call(idx, tuple(ins), step.stack[-1] if step.stack else None)
+        for slot in call.ins:
+            step.consumers.setdefault(slot, []).append(call)
+        step.stack.append(call)
+        return None
+
+    def _post(self, idx: int, module: nn.Module, args: tuple, output: Any) -> None:
+        if not (self.active and self._live):
+            return None
+        step = self._step
+        call = None
+        for i in range(len(step.stack) - 1, -1, -1):  # normally the top; tolerate odd nesting
+            if step.stack[i].module == idx:
+                call = step.stack.pop(i)
+                break
+        if call is None:
+            return None
+        outs: list[int] = []
+        grad_on = self.backward and torch.is_grad_enabled()
+        for t in _tensors(output):
+            if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+                continue
+            hit = step.seen.get(id(t))
+            reused = hit is not None and hit[0]() is t and hit[1] == t._version
+            slot = self._slot(step, t)
+            outs.append(slot)
+            if call.dtype is None:
+                call.dtype = t.dtype
+            if grad_on and t.requires_grad and not reused:
+                t.register_hook(partial(self._out_grad, step, call, slot))
+        call.outs = tuple(outs)
+        call.order = len(step.calls)
+        step.calls.append(call)
+        return None
+
+    def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
+        if self._live and grad is not None and grad.numel():
+            step.grads.append(("out", (call, slot), self._reduce(step, grad)))
+
+    def _param_grad(self, pidx: int, grad: torch.Tensor) -> None:
+        if self._live and self.active and grad is not None and grad.numel():
+            step = self._step
+            step.grads.append(("param", pidx, self._reduce(step, grad)))
+
+    # -- analysis ----------------------------------------------------------------------
+    def collect(self) -> StepReport:
+        """Synchronise once, analyse the step recorded so far, and start a new one."""
+        step, self._step = self._step, _Step()
+        values = _to_host(step.vals)
+        lo = values[0::2]
+        hi = values[1::2]
+        finite = [math.isfinite(a) and math.isfinite(b) for a, b in zip(lo, hi)]
+        max_abs = [max(abs(a), abs(b)) if f else (float("nan") if (math.isnan(a) or math.isnan(b)) else float("inf"))
+                   for a, b, f in zip(lo, hi, finite)]
+        fwd = self._first_forward(step, finite, max_abs) if self.forward else None
+        bwd, loss_grad = self._first_backward(step, finite, max_abs) if self.backward else (None, False)
+        calls = [
+            {"module": self._names[c.module], "finite": all(finite[s] for s in c.outs),
+             "max_abs": max((max_abs[s] for s in c.outs), default=0.0)}
+            for c in step.calls
+        ]
+        return StepReport(fwd, bwd, loss_grad, calls, len(step.calls), len(step.grads), step.autocast)
+
+    def _describe(self, call: _Call) -> dict:
+        return {"module": self._names[call.module], "class": self._classes[call.module],
+                "dtype": _dtype_name(call.dtype)}
+
+    def _first_forward(self, step: _Step, finite: list[bool], max_abs: list[float]) -> dict | None:
+        occurrences: dict[int, int] = {}
+        for call in step.calls:
+            occurrences[call.module] = occurrences.get(call.module, 0) + 1
+            bad = [s for s in call.outs if not finite[s]]
+            if not bad:
+                continue
+            inputs_finite = all(finite[s] for s in call.ins)
+            out = self._describe(call)
+            out.update({
+                "phase": "forward",
+                "kind": "nan" if any(math.isnan(max_abs[s]) for s in bad) else "inf",
+                "created": inputs_finite,
+                "inputs_finite": inputs_finite,
+                "input_max_abs": [number(max_abs[s]) for s in call.ins],
+                "output_max_abs": [number(max_abs[s]) for s in call.outs],
+                "call_index": call.order,
+                "occurrence": occurrences[call.module],
+                "autocast": step.autocast,
+            })
+            if not inputs_finite:
+                out["source"] = self._forward_source(step, call, finite)
+            return out
+        return None
+
+    def _forward_source(self, step: _Step, call: _Call, finite: list[bool]) -> str:
+        """Where a non-finite input of the first bad call came from, when no module made it."""
+        bad = [s for s in call.ins if not finite[s]]
+        root = step.calls[-1] if step.calls and step.calls[-1].module == 0 else None
+        if root is not None and any(s in root.ins for s in bad):
+            return "the model's input batch is already non-finite"
+        if call.parent is not None:
+            parent = self._names[call.parent.module] or "<root>"
+            return f"code in the forward() of '{parent}' ({self._classes[call.parent.module]}) outside any submodule"
+        return "outside the hooked model"
+
+    def _first_backward(self, step: _Step, finite: list[bool], max_abs: list[float]) -> tuple[dict | None, bool]:
+        seen_out: dict[int, list[float]] = {}  # call order -> grad max |x| of its outputs so far
+        for kind, ref, slot in step.grads:
+            if finite[slot]:
+                if kind == "out":
+                    seen_out.setdefault(ref[0].order, []).append(max_abs[slot])
+                continue
+            base = {"phase": "backward", "kind": "nan" if math.isnan(max_abs[slot]) else "inf",
+                    "grad_max_abs": number(max_abs[slot])}
+            if kind == "param":
+                owner = self._param_owner[ref]
+                info = {"module": self._names[owner], "class": self._classes[owner],
+                        "dtype": None, "grad_of": "parameter", "parameter": self._param_names[ref]}
+                calls = [c for c in step.calls if c.module == owner]
+                info["dtype"] = _dtype_name(calls[0].dtype) if calls else None
+                info["grad_output_max_abs"] = [number(v) for c in calls for v in seen_out.get(c.order, [])]
+                info["created"] = True
+                return {**info, **base}, False
+            call, out_slot = ref
+            culprit, grad_of, candidates = self._backward_culprit(step, call, out_slot)
+            if culprit is None:
+                return {"module": None, "class": None, "dtype": None, "grad_of": "loss",
+                        "created": True, "grad_output_max_abs": [], "note":
+                        "the gradient of the loss with respect to the model's output is already non-finite",
+                        **base}, True
+            info = self._describe(culprit)
+            info.update({"grad_of": grad_of, "created": True,
+                         "grad_output_max_abs": [number(v) for v in seen_out.get(culprit.order, [])],
+                         "grad_input_from": self._names[call.module]})
+            if len(candidates) > 1:
+                info["candidates"] = [self._names[c.module] for c in candidates]
+            return {**info, **base}, False
+        return None, False
+
+    def _backward_culprit(self, step: _Step, call: _Call, slot: int) -> tuple[_Call | None, str, list[_Call]]:
+        """The call whose backward turned finite gradients into the non-finite one at `slot`.
+
+        The gradient w.r.t. a module's output is made by whatever consumed that output: a
+        later module (its backward), or code in the enclosing module's forward, or the loss.
+        """
+        consumers = sorted(step.consumers.get(slot, []), key=lambda c: -c.order)
+        consumers = [c for c in consumers if c.order >= 0]
+        if consumers:
+            return consumers[0], "input", consumers
+        parent = call.parent
+        while parent is not None and slot in parent.outs:
+            parent = parent.parent
+        if parent is None:
+            return None, "loss", []
+        return parent, "forward code", [parent]
+
+
+def _autocast_now(args: tuple) -> str | None:
+    """Autocast dtype active for the device of the first input tensor (None when off)."""
+    device_type = "cpu"
+    for t in _tensors(args):
+        device_type = t.device.type
+        break
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return _dtype_name(torch.get_autocast_dtype(device_type))
+    except (RuntimeError, TypeError):  # device type without autocast support
+        return None
+    return None
+
+
+def _to_host(vals: list[torch.Tensor]) -> list[float]:
+    """All recorded 0-d values as floats: one stacked copy per device, the step's only sync."""
+    if not vals:
+        return []
+    device = vals[0].device
+    if all(v.device == device for v in vals):
+        return torch.stack(vals).float().tolist()
+    out = [0.0] * len(vals)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(vals):
+        by_device.setdefault(v.device, []).append(i)
+    for idxs in by_device.values():
+        for i, x in zip(idxs, torch.stack([vals[i] for i in idxs]).float().tolist()):
+            out[i] = x
+    return out

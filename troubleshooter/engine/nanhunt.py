@@ -1,0 +1,432 @@
+"""Find the first module whose output or gradient is NaN/Inf: in a user's loop and as a check.
+
+Two entry points share the hook machinery of `nanhooks`:
+- `nanhunt(model)`: a context manager / hook object for a user's own training script; it
+  synchronises once per `step()` and reports the first non-finite module on the step it
+  happens (log, record, or raise `NonFiniteError`).
+- `hunt_nonfinite(workload, device, precisions)`: the engine's `nan` check; one seeded
+  training step per precision, turned into AMP205/AMP206/AMP202 findings.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..findings import Finding, Location, Severity
+from ..workload import Workload
+from . import precision as prec
+from .nanhooks import HookSet, StepReport, number
+
+__all__ = ["nanhunt", "NonFiniteError", "hunt_nonfinite", "format_event"]
+
+log = logging.getLogger("troubleshooter.nanhunt")
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised by `nanhunt(..., raise_on_nonfinite=True)`; `.event` holds the full report."""
+
+    def __init__(self, event: dict):
+        self.event = event
+        super().__init__(event["message"])
+
+
+# -- human-readable reports ------------------------------------------------------------
+def _where(d: dict) -> str:
+    if d.get("module") is None:
+        return "the loss"
+    name = d["module"] or "<root>"
+    cls = d.get("class")
+    return f"module '{name}' ({cls})" if cls else f"module '{name}'"
+
+
+def _describe_forward(d: dict) -> str:
+    dtype = f", {d['dtype']}" if d.get("dtype") else ""
+    under = f" under autocast {d['autocast']}" if d.get("autocast") else ""
+    text = f"forward: {_where(d)}{dtype}{under} outputs {d['kind']}"
+    if d.get("occurrence", 1) > 1:
+        text += f" (call {d['occurrence']} of this module)"
+    if d.get("created"):
+        ins = ", ".join(str(x) for x in d.get("input_max_abs", [])) or "none"
+        text += f"; its inputs were finite (max |x| {ins}), so it creates the {d['kind']}"
+    else:
+        text += f"; its inputs were already non-finite ({d.get('source', 'made outside any module')})"
+    return text
+
+
+def _describe_backward(d: dict) -> str:
+    kind = d["kind"]
+    if d.get("grad_of") == "loss":
+        return f"backward: the loss's gradient is {kind}"
+    if d.get("grad_of") == "parameter":
+        return f"backward: the gradient of parameter '{d['parameter']}' of {_where(d)} is {kind}"
+    outs = d.get("grad_output_max_abs") or []
+    came = f"finite output gradients (max |g| {max(outs, key=float)})" if outs else "its output gradient"
+    if d.get("grad_of") == "forward code":
+        return (f"backward: code in the forward() of {_where(d)} turns {came} into a {kind} gradient "
+                f"for submodule '{d.get('grad_input_from')}'")
+    return f"backward: {_where(d)} turns {came} into a {kind} gradient w.r.t. its input"
+
+
+def format_event(event: dict) -> str:
+    """One readable paragraph for a step's non-finite report (what `NonFiniteError` says)."""
+    parts = [f"nanhunt step {event['step']}:"]
+    if event.get("skipped"):
+        parts.append("scaled gradients are non-finite, so GradScaler skips this step and lowers its "
+                     "scale (normal in fp16 while the scale calibrates; a problem only if it persists) -")
+    elif event.get("persistent"):
+        parts.append(f"scaled gradients have been non-finite for {event['consecutive']} steps in a row, "
+                     "more than GradScaler's calibration explains -")
+    if event.get("forward"):
+        parts.append(_describe_forward(event["forward"]) + ".")
+    if event.get("backward"):
+        b = _describe_backward(event["backward"])
+        if event.get("forward"):
+            b += " (a consequence of the forward non-finite)"
+        parts.append(b + ".")
+    return " ".join(parts)
+
+
+# -- the user-facing hook object -------------------------------------------------------
+class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hunt:`
+    """Hooks that report the first module whose output or gradient turns NaN/Inf.
+
+    Cost per step: one on-device min/max per tensor a module takes or returns, one per
+    gradient, and a single host synchronisation in `step()` (or at the next forward when
+    `step()` is never called). Hooks are removed by `detach()` / leaving the `with` block.
+
+    scaler: pass your `GradScaler` in fp16 training. A non-finite *scaled* gradient with a
+    finite forward is then a skipped step (GradScaler's normal calibration), recorded in
+    `events` with `skipped=True` but not raised, until more than `patience` steps in a row skip.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        forward: bool = True,
+        backward: bool = True,
+        every: int = 1,
+        raise_on_nonfinite: bool = False,
+        log: bool = True,
+        scaler: Any = None,
+        patience: int = 20,
+    ):
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}")
+        if not (forward or backward):
+            raise ValueError("nanhunt with forward=False and backward=False would check nothing")
+        self.hooks = HookSet(model, forward=forward, backward=backward)
+        self.hooks.on_root_call = self._on_root_call
+        self.every = every
+        self.raise_on_nonfinite = raise_on_nonfinite
+        self.log = log
+        self.scaler = scaler
+        self.patience = patience
+        self.steps = 0  # steps finished (checked or not)
+        self.events: list[dict] = []  # every step with a non-finite value, skipped ones included
+        self.last: StepReport | None = None  # analysis of the last checked step
+        self._manual = False  # step() called at least once: no auto-stepping at forward
+        self._started = False  # a forward happened in the current (auto) step
+        self._consecutive = 0
+
+    # lifecycle
+    def attach(self) -> "nanhunt":
+        self.hooks.attach()
+        return self
+
+    def detach(self) -> None:
+        self.hooks.detach()
+
+    def __enter__(self) -> "nanhunt":
+        return self.attach()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            event = self._end_step(count=False) if self.hooks.pending else None
+        finally:
+            self.detach()
+        if event is not None and exc_type is None:
+            self._maybe_raise(event)
+
+    @property
+    def report(self) -> dict | None:
+        """The first non-finite event that is not a GradScaler skip, or None."""
+        return next((e for e in self.events if not e.get("skipped")), None)
+
+    @property
+    def skipped_steps(self) -> int:
+        return sum(1 for e in self.events if e.get("skipped"))
+
+    # stepping
+    def step(self) -> dict | None:
+        """End a training step: sync once, return its non-finite event (None when all finite)."""
+        self._manual = True
+        event = self._end_step()
+        self._maybe_raise(event)
+        return event
+
+    def _on_root_call(self, hooks: HookSet) -> None:
+        if self._manual:
+            return
+        if self._started:  # a new top-level forward ends the previous step
+            event = self._end_step()
+            self._maybe_raise(event)
+        self._started = True
+
+    def _end_step(self, count: bool = True) -> dict | None:
+        index = self.steps
+        event = None
+        if self.hooks.pending:
+            self.last = self.hooks.collect()
+            event = self._classify(self.last, index)
+        if count:
+            self.steps += 1
+            self.hooks.active = self.steps % self.every == 0
+        if event is not None:
+            self.events.append(event)
+            if self.log:
+                (log.info if event["skipped"] else log.warning)(event["message"])
+        return event
+
+    def _classify(self, rep: StepReport, index: int) -> dict | None:
+        if rep.finite:
+            self._consecutive = 0
+            return None
+        event = {"step": index, "forward": rep.forward, "backward": rep.backward,
+                 "autocast": rep.autocast, "skipped": False, "persistent": False}
+        if rep.forward is None and self.scaler is not None and getattr(self.scaler, "is_enabled", lambda: True)():
+            self._consecutive += 1
+            event["consecutive"] = self._consecutive
+            event["skipped"] = self._consecutive <= self.patience
+            event["persistent"] = not event["skipped"]
+        else:
+            self._consecutive = 0
+        event["message"] = format_event(event)
+        return event
+
+    def _maybe_raise(self, event: dict | None) -> None:
+        if event is not None and self.raise_on_nonfinite and not event["skipped"]:
+            raise NonFiniteError(event)
+
+
+# -- the engine's `nan` check ----------------------------------------------------------
+def hunt_nonfinite(
+    workload: Workload,
+    device: str | torch.device = "auto",
+    precisions: Sequence[str] = ("fp32", "fp16", "bf16"),
+    seed: int = 0,
+    steps: int = 1,
+) -> dict:
+    """Run `steps` seeded training steps per precision with the hooks on; report the first
+    non-finite module per precision and the findings.
+
+    Returns `{"device": str, "precisions": {p: section}, "findings": [Finding, ...]}`:
+    the findings are `Finding` objects (call `.to_dict()` for JSON); everything else is
+    JSON-safe (non-finite numbers appear as the strings "inf"/"nan"; `loss` is None when
+    the loss itself is not finite). See docs/nanhunt.md for the section's keys.
+    """
+    device = prec.resolve_device(device)
+    names = [prec.check_precision(p) for p in precisions]
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    sections: dict[str, dict] = {}
+    traces: dict[str, list[list[dict]]] = {}
+    for p in names:
+        sections[p], traces[p] = _hunt_one(workload, device, p, seed, steps)
+    return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
+
+
+def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: int, steps: int):
+    """One precision: returns (JSON section, per-step call summaries for cross-precision checks)."""
+    dtype = prec.autocast_dtype(precision)
+    section: dict[str, Any] = {
+        "autocast": str(dtype).replace("torch.", "") if dtype else None,
+        "first_forward": None, "first_backward": None,
+        "loss": None, "loss_finite": True, "steps_run": 0, "failed_step": None,
+    }
+    scaled = prec.uses_scaler(precision)
+    if scaled:
+        section.update({"loss_scale": None, "scaled_backward": None, "skipped_steps": 0})
+    trace: list[list[dict]] = []
+    model = opt = hooks = None
+    try:
+        torch.manual_seed(seed)
+        model = workload.build_model().to(device)
+        model.train()
+        opt = workload.make_optimizer(list(model.parameters()))
+        scaler = prec.make_scaler(precision, device)
+        hooks = HookSet(model).attach()
+        with prec.precision_mode(precision, device):
+            for step in range(steps):
+                batch = workload.batch(device, seed=seed + step)
+                scale = scaler.get_scale() if scaled else 1.0
+                rep, loss = _forward_backward(workload, model, opt, batch, precision, device, scaler,
+                                              seed + step, hooks)
+                trace.append(rep.calls)
+                section["steps_run"] = step + 1
+                section["loss_finite"] = math.isfinite(loss)
+                section["loss"] = loss if math.isfinite(loss) else None
+                if scaled:
+                    section["loss_scale"] = scale
+                if rep.forward is not None or not math.isfinite(loss):
+                    section["first_forward"] = _with_step(rep.forward, step)
+                    if rep.backward is not None:
+                        section["first_backward"] = {**_with_step(rep.backward, step), "caused_by_forward": True}
+                    section["failed_step"] = step
+                    break
+                if rep.backward is not None and scaled:
+                    # What a real fp16 run does: the scaled backward overflowed, GradScaler skips
+                    # the step. Whether that is calibration or a real problem is decided by the
+                    # same step without scaling.
+                    section["skipped_steps"] += 1
+                    if section["scaled_backward"] is None:
+                        section["scaled_backward"] = {**_with_step(rep.backward, step), "loss_scale": scale}
+                    scaler.step(opt)
+                    scaler.update()
+                    rep1, _ = _forward_backward(workload, model, opt, batch, precision, device, None,
+                                                seed + step, hooks)
+                    opt.zero_grad(set_to_none=True)
+                    if rep1.backward is not None:
+                        section["first_backward"] = {**_with_step(rep1.backward, step), "loss_scale": 1.0}
+                        section["failed_step"] = step
+                        break
+                    continue
+                if rep.backward is not None:
+                    section["first_backward"] = _with_step(rep.backward, step)
+                    section["failed_step"] = step
+                    break
+                if step + 1 < steps:
+                    scaler.step(opt)
+                    scaler.update()
+    except Exception as exc:  # OOM or a model that fails in this precision: report, keep going
+        section["error"] = _error_text(exc, device)
+    finally:
+        if hooks is not None:
+            hooks.detach()
+        del model, opt, hooks
+        _release(device)
+    return section, trace
+
+
+def _forward_backward(workload, model, opt, batch, precision, device, scaler, rng_seed, hooks):
+    """One forward and backward with the hooks on; `scaler` None means an unscaled backward."""
+    opt.zero_grad(set_to_none=True)
+    torch.manual_seed(rng_seed)  # same dropout masks in every precision and in a re-run
+    with prec.autocast(precision, device):
+        loss = workload.loss(model, batch)
+    if loss.requires_grad:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    rep = hooks.collect()
+    return rep, float(loss.detach().float())
+
+
+def _with_step(d: dict | None, step: int) -> dict | None:
+    return None if d is None else {**d, "step": step}
+
+
+def _error_text(exc: BaseException, device: torch.device) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError) or "out of memory" in text.lower():
+        return f"out of memory on {device}: use a smaller batch or model for the check"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _release(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# -- findings --------------------------------------------------------------------------
+_REFERENCES = ("fp32", "tf32", "bf16")
+
+
+def _reference_call(traces: dict, precision: str, step: int, index: int, module: str) -> dict | None:
+    """The same call in a wider-range precision at the same step, when it ran there."""
+    for ref in _REFERENCES:
+        if ref == precision or ref not in traces or len(traces[ref]) <= step:
+            continue
+        calls = traces[ref][step]
+        if index < len(calls) and calls[index]["module"] == module:
+            return {"precision": ref, **calls[index]}
+    return None
+
+
+def _findings(sections: dict, traces: dict) -> list[Finding]:
+    out: list[Finding] = []
+    for p, s in sections.items():
+        ff, fb = s.get("first_forward"), s.get("first_backward")
+        if ff is not None or not s.get("loss_finite", True):
+            out.append(_forward_finding(p, s, ff, traces))
+        elif fb is not None:
+            out.append(_backward_finding(p, s, fb))
+    return out
+
+
+def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
+    if ff is None:
+        return Finding(
+            "AMP205", "nonfinite-in-forward", Severity.ERROR,
+            f"the loss is {s.get('loss')} in {p} although every module output is finite",
+            "Check the loss function and its inputs: a log/division on model outputs or targets "
+            "out of range, or a loss weight so large the loss overflows.",
+            Location(module=None), p, {"where": "loss", "loss_finite": False},
+        )
+    module, step = ff["module"], ff.get("step", 0)
+    ref = _reference_call(traces, p, step, ff["call_index"], module) if ff.get("created") else None
+    data = {"first_forward": ff}
+    where = _where(ff)
+    if p == "fp16" and ff.get("created") and (ref is not None and ref["finite"] or ref is None and ff["kind"] == "inf"):
+        peak = f" ({ref['precision']} peaks at max |x| {number(ref['max_abs'])})" if ref else ""
+        data["reference"] = {"precision": ref["precision"], "max_abs": number(ref["max_abs"])} if ref else None
+        return Finding(
+            "AMP202", "fp16-overflow", Severity.ERROR,
+            f"{where} overflows float16 in the forward pass: its output is {ff['kind']} under fp16 "
+            f"autocast{peak}; float16's largest value is 65504",
+            f"Train in bf16 where the GPU supports it; otherwise keep '{module or '<root>'}' in float32 "
+            "(run it under torch.autocast(device_type, enabled=False) with .float() inputs), or bring "
+            "its inputs/weights into range (normalise before it, smaller init).",
+            Location(module=module), p, data,
+        )
+    only = ""
+    if ref is not None and ref["finite"]:
+        only = f" (finite in {ref['precision']})"
+        data["reference"] = {"precision": ref["precision"], "max_abs": number(ref["max_abs"])}
+    made = "creates it from finite inputs" if ff.get("created") else "receives non-finite inputs: " + ff.get("source", "")
+    suggestion = ("Guard the operation that makes it: clamp inputs of log/sqrt/pow/division, add an eps, "
+                  "check weights and inputs feeding this module.")
+    if only:
+        suggestion = (f"Keep '{module or '<root>'}' in float32 under {p} (autocast enabled=False) or "
+                      "make the operation tolerant of reduced precision (eps, clamping).")
+    return Finding(
+        "AMP205", "nonfinite-in-forward", Severity.ERROR,
+        f"{where} outputs {ff['kind']} in the forward pass in {p}{only}; it {made}",
+        suggestion, Location(module=module), p, data,
+    )
+
+
+def _backward_finding(p: str, s: dict, fb: dict) -> Finding:
+    where = _where(fb)
+    what = {"parameter": f"the gradient of its parameter '{fb.get('parameter')}'",
+            "loss": "the loss's gradient",
+            "forward code": "the gradient its forward() code passes to a submodule"}.get(
+        fb.get("grad_of"), "the gradient w.r.t. its input")
+    unscaled = " without loss scaling" if p == "fp16" else ""
+    data = {"first_backward": fb}
+    if s.get("scaled_backward") is not None:
+        data["scaled_backward"] = s["scaled_backward"]
+    return Finding(
+        "AMP206", "nonfinite-in-backward", Severity.ERROR,
+        f"{where}: {what} is {fb['kind']} in the backward pass in {p}{unscaled}, although the forward "
+        "pass is finite",
+        "Look for operations whose derivative blows up at the values seen (sqrt or pow at 0, log near 0, "
+        "division by small numbers, large weights); add eps/clamping there"
+        + ("; in fp16 prefer bf16 or keep this module in float32." if p == "fp16" else "."),
+        Location(module=fb.get("module")), p, data,
+    )
