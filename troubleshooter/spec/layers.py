@@ -92,7 +92,9 @@ def bind_arguments(cls: type, args: list, kwargs: dict) -> tuple[tuple, dict, st
             words.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         return (), {}, f"unknown argument {', '.join(words)} for {cls.__name__}{hint}"
     try:
-        sig.bind(None, *args, **kwargs)
+        bound = sig.bind(None, *args, **kwargs)
     except TypeError as exc:
         return (), {}, f"wrong arguments for {cls.__name__}: {exc}{hint}"
+    if any(k in bound.arguments for k in _FORBIDDEN_KWARGS):
+        return (), {}, f"wrong arguments for {cls.__name__}: too many positional arguments{hint}"
     return args, kwargs, None

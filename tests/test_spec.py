@@ -1,0 +1,182 @@
+"""Model specs: YAML stacks, presets and their validation (every problem in one SpecError)."""
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from troubleshooter.errors import SpecError
+from troubleshooter.spec import (EXAMPLE_YAML, SpecSource, list_presets, load_workload,
+                                 preset_descriptions)
+
+SPECS = Path(__file__).parent / "fixtures" / "specs"
+CPU = torch.device("cpu")
+
+
+def problems_of(source, **kw):
+    with pytest.raises(SpecError) as info:
+        load_workload(source, **kw)
+    return info.value.problems, str(info.value)
+
+
+def one_step(wl):
+    torch.manual_seed(0)
+    model = wl.build_model()
+    opt = wl.make_optimizer(model.parameters())
+    loss = wl.loss(model, wl.batch(CPU, seed=1))
+    loss.backward()
+    opt.step()
+    return model, loss.item()
+
+
+def test_clean_yaml_builds_a_working_workload():
+    wl = load_workload(SpecSource.yaml_file(SPECS / "tiny_mlp.yaml"))
+    assert wl.name == "tiny-mlp" and wl.batch_size == 32 and wl.seq_len is None
+    model, loss = one_step(wl)
+    assert [n for n, _ in model.named_modules()] == ["", "0", "1", "2"]
+    assert abs(loss - torch.log(torch.tensor(16.0)).item()) < 1.0
+    assert wl.summary["params"] == 128 * 256 + 256 + 256 * 16 + 16
+    assert wl.summary["output_shape"] == [32, 16]
+    # forward+backward of the two Linear layers: 3 x 2 x batch x MACs (the first layer's input grad is skipped)
+    assert wl.flops_per_step == pytest.approx(2 * 32 * (128 * 256 + 256 * 16) * 3 - 2 * 32 * 128 * 256, rel=0.01)
+    assert isinstance(wl.make_optimizer(model.parameters()), torch.optim.AdamW)
+
+
+def test_batches_are_seeded_and_scaled():
+    wl = load_workload(SpecSource.yaml_file(SPECS / "conv_regression.yaml"))
+    (x1,), y1 = wl.batch(CPU, seed=3)
+    (x2,), _ = wl.batch(CPU, seed=3)
+    (x3,), _ = wl.batch(CPU, seed=4)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert 5 < x1.std().item() < 15  # scale: 10.0
+    assert y1.shape == (4, 4) and y1.dtype == torch.float32
+    assert wl.loss_weight == 0.001
+    opt = wl.make_optimizer(wl.build_model().parameters())
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+
+
+def test_token_input_and_inferred_classes():
+    wl = load_workload(SpecSource.yaml_file(SPECS / "tokens.yaml"))
+    (x,), y = wl.batch(CPU)
+    assert x.dtype == torch.int64 and int(x.max()) < 64 and y.shape == (4, 8)
+    one_step(wl)
+
+
+def test_workload_pickles_for_worker_processes():
+    wl = load_workload(SpecSource.yaml_file(SPECS / "tiny_mlp.yaml"))
+    clone = pickle.loads(pickle.dumps(wl))
+    torch.manual_seed(0)
+    a = wl.build_model()
+    torch.manual_seed(0)
+    b = clone.build_model()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert pickle.loads(pickle.dumps(SpecSource.preset("gpt"))) == SpecSource.preset("gpt")
+
+
+def test_every_problem_reported_with_its_line():
+    problems, text = problems_of(SpecSource.yaml_file(SPECS / "bad_many.yaml"))
+    joined = "\n".join(problems)
+    assert "line 4: model.layers[0]: unknown layer 'Linearr' (did you mean 'Linear'?)" in joined
+    assert "did you mean 'ReLU'?" in joined
+    assert "unknown argument 'out_feature' (did you mean 'out_features'?)" in joined
+    assert "'LSTM' cannot be used in a layers stack" in joined
+    assert "weights file not found" in joined and "line 8" in joined
+    assert "line 9: input.colour: unknown key 'colour'" in joined
+    assert "line 10: loss:" in joined
+    assert len(problems) == 7, problems
+
+
+def test_shape_mismatch_found_on_meta_names_the_layer():
+    problems, _ = problems_of(SpecSource.yaml_file(SPECS / "bad_shape.yaml"))
+    assert len(problems) == 1
+    assert problems[0].startswith("line 5: model.layers[2]: module '2' (Linear)")
+    assert "[64, 253]" in problems[0]
+
+
+def test_target_and_loss_checked_against_the_output():
+    problems, _ = problems_of(SpecSource.yaml_file(SPECS / "bad_target.yaml"))
+    joined = "\n".join(problems)
+    assert "optimizer must be one of adamw, sgd, adam" in joined
+    assert "loss mse does not fit target kind 'classes'" in joined
+    assert "num_classes is 12 but the model's output [8, 10]" in joined
+
+
+def test_malformed_yaml_names_the_line():
+    _, text = problems_of(SpecSource.yaml_file(SPECS / "bad_yaml.yaml"))
+    assert "not valid YAML at line 4" in text
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("model: {layers: [ReLU]}", "needs `input:`"),
+    ("model: {layers: [{Linear: [4, -2]}]}\ninput: {shape: [2, 4]}", "cannot be built"),
+    ("model: {layers: [{Linear: [4, 2, true, cpu]}]}\ninput: {shape: [2, 4]}", "too many positional"),
+    ("model: {layers: [{Linear: {in_features: 4, out_features: 2, device: cuda}}]}\ninput: {shape: [2, 4]}",
+     "'device' is not allowed"),
+    ("model: {layers: [{Embedding: [10, 4]}]}\ninput: {shape: [2, 3], dtype: int64, high: 50}",
+     "only 10 rows"),
+    ("model: {layers: [{Embedding: [10, 4]}]}\ninput: {shape: [2, 3]}", "takes int64"),
+    ("model: {layers: [{Linear: [4, 2]}]}\ninput: {shape: [2, 4], dtype: int64}", "needs `high`"),
+    ("model: {layers: [{Linear: [4, 2]}], preset: mlp}\ninput: {shape: [2, 4]}", "not both"),
+    ("model: {preset: mlp}\ninput: {shape: [2, 4]}", "cannot be set beside a preset"),
+    ("model: {layers: [{Linear: [4, 2]}]}\ninput: {shape: [2, 4]}\nloss_weight: 0", "positive"),
+    ("- just\n- a list", "must be a YAML mapping"),
+])
+def test_bad_specs(text, needle):
+    _, message = problems_of(SpecSource.yaml_text(text))
+    assert needle in message
+
+
+def test_weights_loaded_and_checked(tmp_path):
+    base = tmp_path / "spec.yaml"
+    text = (SPECS / "tiny_mlp.yaml").read_text() + "weights: w.pt\n"
+    base.write_text(text)
+    torch.manual_seed(5)
+    ref = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+    torch.save({k: v.half() for k, v in ref.state_dict().items()}, tmp_path / "w.pt")
+    wl = load_workload(SpecSource.yaml_file(base))
+    model = wl.build_model()
+    assert model[0].weight.dtype == torch.float32
+    assert torch.allclose(model[0].weight, ref[0].weight, atol=1e-3)
+    # wrong shapes and keys
+    torch.save({"0.weight": torch.zeros(3, 3), "9.bias": torch.zeros(2)}, tmp_path / "w.pt")
+    problems, _ = problems_of(SpecSource.yaml_file(base))
+    joined = "\n".join(problems)
+    assert "0.weight has shape [3, 3], the model expects [256, 128]" in joined
+    assert "lacks 3 key(s)" in joined and "9.bias" in joined
+    # pickled code is refused by weights_only loading
+    torch.save({"0.weight": torch.nn.Linear(2, 2)}, tmp_path / "w.pt")
+    problems, _ = problems_of(SpecSource.yaml_file(base))
+    assert "weights_only=True" in problems[0]
+
+
+def test_oversized_spec_refused_before_allocating(monkeypatch):
+    huge = "model: {layers: [{Linear: [100000, 100000]}]}\ninput: {shape: [2, 100000]}"
+    _, text = problems_of(SpecSource.yaml_text(huge), max_params=1e9)
+    assert "10,000,100,000 parameters, over the limit of 1,000,000,000" in text
+    monkeypatch.setenv("TROUBLESHOOTER_MAX_MEMORY_GB", "0.001")
+    _, text = problems_of(SpecSource.preset("mlp"))
+    assert "over the limit of 0.001 GiB" in text and "TROUBLESHOOTER_MAX_MEMORY_GB" in text
+
+
+def test_example_yaml_is_a_valid_spec():
+    wl = load_workload(SpecSource.yaml_text(EXAMPLE_YAML))
+    assert wl.summary["target"] == {"kind": "classes", "num_classes": 10}
+
+
+def test_yaml_preset_with_training_settings():
+    wl = load_workload(SpecSource.yaml_file(SPECS / "preset_gpt.yaml"))
+    assert wl.name == "small-gpt" and wl.seq_len == 16 and wl.batch_size == 2
+    assert wl.loss_weight == 0.5
+    assert type(wl.make_optimizer(wl.build_model().parameters())) is torch.optim.Adam
+
+
+def test_missing_spec_file():
+    _, text = problems_of(SpecSource.yaml_file("/nonexistent/spec.yaml"))
+    assert "spec file not found" in text
+
+
+def test_list_presets():
+    presets = list_presets()
+    assert {"mlp", "cnn", "gpt", "bert", "vit"} <= set(presets)
+    assert presets["gpt"]["d_model"] > 0 and "seq_len" in presets["gpt"]
+    assert all(preset_descriptions()[name] for name in presets)
