@@ -15,7 +15,7 @@ _WORKER = __name__ == "__mp_main__"
 if not _WORKER:
     import gradio as gr
 
-    from troubleshooter.ui import api, diagnose, host
+    from troubleshooter.ui import api, diagnose, host, specinput, speedup
     from troubleshooter.ui.glue import api_event, page_event
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
@@ -61,6 +61,65 @@ def _diagnose_tab() -> None:
     rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation], **FAST, **PAGE)
 
 
+def _model_picker(prefix: str, weights: bool = False) -> list:
+    """Preset + parameters, a YAML editor, or an upload; returns the inputs `source_from_inputs` takes."""
+    names = _safe(specinput.preset_names, [])
+    first = "mlp" if "mlp" in names else (names[0] if names else None)
+    mode = gr.Radio(list(specinput.MODES), value="Preset", label="Model from", elem_id=f"{prefix}-mode")
+    with gr.Group(visible=True) as preset_box:
+        with gr.Row():
+            preset = gr.Dropdown(names, value=first, label="Preset", elem_id=f"{prefix}-preset", scale=1)
+            params = gr.Textbox(value=_safe(lambda: specinput.params_text(first), ""), scale=3,
+                                label="Parameters (name=value, comma separated)", elem_id=f"{prefix}-params")
+        about = gr.Markdown(_safe(lambda: specinput.preset_description(first), ""))
+    with gr.Group(visible=False) as yaml_box:
+        yaml_text = gr.Code(value=_safe(specinput.example_yaml, ""), language="yaml", lines=14,
+                            interactive=True, label="Model spec (YAML)", elem_id=f"{prefix}-yaml")
+    with gr.Group(visible=False) as upload_box:
+        upload = gr.File(label="Model spec (.yaml) — or a Python model file (.py), only if the server "
+                               "runs with --allow-exec", file_types=list(specinput.SPEC_KINDS),
+                         elem_id=f"{prefix}-spec-file")
+    weights_file = None
+    if weights:
+        weights_file = gr.File(label="Weights (state_dict) named by the spec's `weights:` (optional)",
+                               file_types=[".pt", ".pth", ".bin", ".ckpt"], elem_id=f"{prefix}-weights")
+    mode.change(lambda m: tuple(gr.update(visible=m == k) for k in specinput.MODES), [mode],
+                [preset_box, yaml_box, upload_box], queue=False, api_visibility="private")
+    preset.change(lambda p: (specinput.params_text(p), specinput.preset_description(p)), [preset],
+                  [params, about], queue=False, api_visibility="private")
+    return [mode, preset, params, yaml_text, upload] + ([weights_file] if weights else [])
+
+
+def _device_picker(prefix: str) -> gr.Dropdown:
+    return gr.Dropdown(host.device_choices(), value="auto", label="Device", elem_id=f"{prefix}-device")
+
+
+def _speedup_tab() -> None:
+    gr.Markdown("Times a full training step (forward, loss, backward, optimizer) in each precision on "
+                "this host, interleaved, until the numbers are stable or the budget is spent.")
+    with gr.Row():
+        with gr.Column(scale=2):
+            model = _model_picker("speed")
+            with gr.Row():
+                device = _device_picker("speed")
+                precisions = gr.CheckboxGroup(list(speedup.PRECISIONS), value=list(speedup.PRECISIONS),
+                                              label="Precisions", elem_id="speed-precisions")
+            with gr.Row():
+                budget = gr.Slider(2, 300, value=30, step=1, label="Time budget (s)", elem_id="speed-budget")
+                compile_ = gr.Checkbox(False, label="torch.compile each precision")
+            run = gr.Button("Run speedup check", variant="primary", elem_id="speed-run")
+        with gr.Column(scale=3):
+            status = gr.Markdown(elem_id="speed-status", elem_classes=["status-box"])
+            verdict = gr.Markdown(elem_id="speed-verdict")
+            plot = gr.Plot(label="Step time and peak memory", elem_id="speed-plot")
+            table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,
+                                 wrap=True, elem_id="speed-table")
+            json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
+    outputs = [status, table, plot, verdict, json_file]
+    run.click(page_event(speedup.ui_speedup, len(outputs)), [*model, device, precisions, budget, compile_],
+              outputs, **GPU_QUEUE, **PAGE)
+
+
 def _safe(fn, default):
     """Build-time data (rule list, presets) must not keep the page from starting."""
     try:
@@ -82,6 +141,15 @@ def _api_endpoints() -> None:
         rules_json, rule_md = gr.JSON(label="rules"), gr.Markdown(label="explanation")
         gr.Button("rules").click(api_event(api.rules), [rule_id], [rules_json, rule_md], api_name="rules", **FAST)
 
+        preset, yaml_text, device = gr.Textbox(label="preset"), gr.Textbox(label="yaml_text"), gr.Textbox(label="device")
+        spec_file = gr.File(label="spec_file", file_types=list(specinput.SPEC_KINDS))
+        precisions, budget = gr.Textbox(label="precisions"), gr.Number(label="budget_s")
+        compile_ = gr.Checkbox(label="compile")
+        result, png = gr.JSON(label="result"), gr.File(label="plot.png")
+        gr.Button("speedup").click(api_event(speedup.api_speedup),
+                                   [preset, yaml_text, spec_file, device, precisions, budget, compile_],
+                                   [result, png], api_name="speedup", **GPU_QUEUE)
+
 
 def build_demo() -> gr.Blocks:
     info = host.host_info()
@@ -91,6 +159,8 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab("Diagnose a script", id="diagnose"):
                 _diagnose_tab()
+            with gr.Tab("Speedup check", id="speedup"):
+                _speedup_tab()
         _api_endpoints()
     blocks.queue(default_concurrency_limit=8)
     return blocks

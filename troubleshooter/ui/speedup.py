@@ -1,0 +1,144 @@
+"""Speedup tab: time fp32 / TF32 / fp16 / bf16 on this host, in a worker, with plot and verdict."""
+from __future__ import annotations
+
+import json
+import math
+
+from ..errors import UserError
+from . import common, jobs, specinput
+from .server import SETTINGS
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+MAX_BUDGET_S = 600.0
+TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory", "vs fp32",
+                 "final loss (Δ vs fp32)", "note"]
+
+
+def _parse_precisions(precisions) -> list[str]:
+    if isinstance(precisions, str):
+        precisions = [p for p in precisions.replace(" ", ",").split(",") if p]
+    chosen = [str(p).strip().lower() for p in (precisions or [])]
+    bad = [p for p in chosen if p not in PRECISIONS]
+    if bad:
+        raise UserError(f"unknown precision(s) {', '.join(bad)}: choose from {', '.join(PRECISIONS)}")
+    if not chosen:
+        raise UserError("choose at least one precision to time")
+    return [p for p in PRECISIONS if p in chosen]
+
+
+def _budget(budget_s) -> float:
+    try:
+        budget = float(budget_s)
+    except (TypeError, ValueError):
+        raise UserError(f"the time budget must be a number of seconds, not {budget_s!r}") from None
+    if not math.isfinite(budget) or not 1 <= budget <= MAX_BUDGET_S:
+        raise UserError(f"the time budget must be between 1 and {MAX_BUDGET_S:g} seconds, not {budget_s}")
+    return budget
+
+
+def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float = 30,
+            compile: bool = False, progress=None) -> dict:
+    """Run `speedup_source` for `source`: in a worker process (YAML/preset), or through the spec
+    loader's own child process (an allowed Python file)."""
+    from ..engine.speedup import speedup_source
+
+    precs, budget = _parse_precisions(precisions), _budget(budget_s)
+    timeout = min(SETTINGS.job_timeout_s, 3 * budget + (600 if compile else 120))
+    timeout = max(timeout, budget + 60)
+    kwargs = dict(device=device or "auto", precisions=precs, budget_s=budget, compile=bool(compile))
+    if specinput.is_python(source):
+        if progress:
+            progress(0.0, "running the uploaded model file in its own process")
+        return jobs.run_job(speedup_source, source, allow_exec=SETTINGS.allow_exec, in_worker=False,
+                            timeout_s=timeout, **kwargs)
+    return jobs.run_job(speedup_source, source, timeout_s=timeout, progress=progress, **kwargs)
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _rate(x, unit) -> str:
+    if x is None:
+        return "—"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.2f}{suffix} {unit}"
+    return f"{x:.1f} {unit}"
+
+
+def table_rows(result: dict) -> list[list]:
+    rows = []
+    for p, r in result.get("results", {}).items():
+        vs = r.get("speedup_vs_fp32")
+        loss, diff = r.get("final_loss"), r.get("loss_rel_diff_vs_fp32")
+        loss_text = "non-finite" if loss is None else f"{loss:.4g}" + (f" ({diff:.2%})" if diff is not None and p != "fp32" else "")
+        notes = []
+        if not r.get("native", True):
+            notes.append("no native hardware: emulated/converted")
+        if r.get("skipped_steps"):
+            notes.append(f"{r['skipped_steps']} skipped warm-up step(s)")
+        if r.get("peak_share") is not None:
+            notes.append(f"{r['achieved_tflops']:.3g} TFLOP/s = {r['peak_share']:.0%} of peak")
+        rows.append([p, f"{r['median_ms']:.3f}", f"{r['iqr_ms']:.3f}", _rate(r.get("throughput"), r.get("throughput_unit", "")),
+                     _bytes(r.get("peak_memory_bytes")), f"{vs:.2f}x" if vs else "—", loss_text, "; ".join(notes)])
+    for p, why in result.get("unavailable", {}).items():
+        rows.append([p, "—", "—", "—", "—", "—", "—", f"unavailable: {why}"])
+    for p, why in result.get("errors", {}).items():
+        rows.append([p, "—", "—", "—", "—", "—", "—", f"error: {why}"])
+    return rows
+
+
+def verdict_markdown(result: dict) -> str:
+    v = result.get("verdict", {})
+    dev, st, spec = result.get("device", {}), result.get("settings", {}), result.get("spec", {})
+    lines = [f"### Verdict: {v.get('recommendation', 'no verdict')}", ""]
+    lines += [f"- {reason}" for reason in v.get("reasons", [])]
+    for f in result.get("findings", []):
+        lines.append(f"- **{f['rule']}** {f.get('name', '')}: {f['message']} — {f.get('suggestion', '')}")
+    lines += ["", f"*Measured on* {dev.get('summary', dev.get('name', '?'))}."]
+    if dev.get("note"):
+        lines.append(f"*{dev['note']}*")
+    if st:
+        lines.append(f"*{spec.get('name', 'model')}: {st.get('rounds')} interleaved rounds in "
+                     f"{st.get('elapsed_s', 0):.1f} s (budget {st.get('budget_s', 0):g} s, stopped: "
+                     f"{st.get('stopped_because')}); timer: {st.get('timer')}.*")
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: dict):
+    from ..engine.speedup_plot import plot_speedup
+
+    return plot_speedup(result)
+
+
+def _json_download(result: dict) -> str:
+    name = str(result.get("spec", {}).get("name") or "model")
+    return common.write_download(f"speedup_{name}.json", json.dumps(result, indent=2, default=str))
+
+
+def ui_speedup(mode, preset, params, yaml_text, upload, device, precisions, budget_s, compile,
+               progress=None) -> tuple:
+    """The Run button: (status, table rows, plot, verdict, JSON download)."""
+    source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload)
+    result = measure(source, device, precisions, budget_s, compile, progress=progress)
+    status = f"✅ measured **{result.get('spec', {}).get('name', 'model')}** in {', '.join(result.get('results', {})) or 'no precision'}."
+    return status, table_rows(result), figure(result), verdict_markdown(result), _json_download(result)
+
+
+def api_speedup(preset: str = "", yaml_text: str = "", spec_file: str | None = None, device: str = "auto",
+                precisions: str = "fp32,tf32,fp16,bf16", budget_s: float = 30, compile: bool = False,
+                progress=None) -> tuple[dict, str]:
+    """The `speedup` endpoint: (the `speedup --format json` object, the plot as PNG)."""
+    source = specinput.source_for_api(preset, yaml_text, spec_file)
+    result = measure(source, device, precisions, budget_s, compile, progress=progress)
+    fig = figure(result)
+    png = common.write_download("speedup.png", b"")
+    fig.savefig(png, format="png", bbox_inches="tight")
+    return result, png
