@@ -1,0 +1,578 @@
+"""Mixed-precision training, done right: autocast, GradScaler, clipping, accumulation, resume.
+
+Runs as downloaded: it trains a small demo model on synthetic data, on CPU or GPU.
+
+    python train_amp.py                 # --device cpu, --max-steps 50, --precision fp16, ...
+# [option: checkpoint]
+    python train_amp.py --resume        # continue from OUT_DIR/ckpt.pt exactly where it stopped
+# [end]
+# [option: distributed!=none]
+#|     torchrun --standalone --nproc_per_node 2 train_amp.py    # one process per GPU
+# [end]
+
+Put your model and data in the section marked "YOUR MODEL AND DATA"; the loop around them
+stays as it is. Every line that matters for mixed precision says why it is there.
+
+Regenerate: python -m troubleshooter recipe
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+# [option: distributed!=none]
+#| import torch.distributed as dist
+# [end]
+# [option: distributed=ddp]
+#| from torch.nn.parallel import DistributedDataParallel as DDP
+# [end]
+# [option: distributed=fsdp]
+#| from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+#| from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+# [option: checkpoint]
+#| from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_model_state_dict
+#| from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+# [end]
+# [option: scaler]
+#| from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+# [end]
+# [end]
+
+# -----------------------------------------------------------------------------
+# Config. Edit here; the names in [brackets] can also be overridden on the command line.
+# [option: scaler]
+PRECISION = "auto"   # [--precision] auto | bf16 | fp16 | fp32 (auto: bf16 if the device has it, else fp16 + GradScaler, else fp32)
+# [else]
+#| PRECISION = "bf16"   # [--precision] bf16 | fp32 (bf16 needs no loss scaling: it has float32's exponent range)
+# [end]
+MAX_STEPS = 200      # [--max-steps] optimizer steps; the LR schedule spans exactly these
+BATCH_SIZE = 16      # [--batch-size] samples per micro-batch, per process
+ACCUM_STEPS = 1      # micro-batches per optimizer step: effective batch = BATCH_SIZE * ACCUM_STEPS * processes
+LR = 3e-3            # [--lr] peak learning rate
+WEIGHT_DECAY = 0.01
+# [option: clip]
+GRAD_CLIP = 1.0      # clip the global gradient norm to this, measured on the true (unscaled) gradients
+# [end]
+# [option: scheduler=cosine]
+WARMUP_STEPS = 10    # linear warm-up, then cosine decay to MIN_LR_FRACTION * LR at MAX_STEPS
+MIN_LR_FRACTION = 0.1
+# [end]
+LOG_EVERY = 10       # progress line every K steps: the only time the loss is read back from the device
+# [option: eval]
+EVAL_EVERY = 50      # evaluate on held-out batches every K steps and at the end
+EVAL_BATCHES = 4
+# [end]
+# [option: checkpoint]
+CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
+# [end]
+OUT_DIR = "out"      # [--out-dir] checkpoints and final weights
+DEVICE = "auto"      # [--device] auto | cpu | cuda | cuda:N | mps
+SEED = 0
+
+# -----------------------------------------------------------------------------
+# Command line
+parser = argparse.ArgumentParser(description="Mixed-precision training loop (see the docstring).")
+# [option: scaler]
+parser.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], default=PRECISION)
+# [else]
+#| parser.add_argument("--precision", choices=["bf16", "fp32"], default=PRECISION)
+# [end]
+parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
+parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+parser.add_argument("--lr", type=float, default=LR)
+parser.add_argument("--device", default=DEVICE)
+parser.add_argument("--out-dir", default=OUT_DIR)
+# [option: checkpoint]
+parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
+                    help="continue from CKPT (default: OUT_DIR/ckpt.pt)")
+parser.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                    help="stop after STEP steps as if interrupted (the LR schedule still spans --max-steps)")
+# [else]
+#| parser.add_argument("--resume", nargs="?", const="", default=None, help=argparse.SUPPRESS)
+# [end]
+args = parser.parse_args()
+PRECISION, MAX_STEPS, BATCH_SIZE, LR = args.precision, args.max_steps, args.batch_size, args.lr
+DEVICE, OUT_DIR = args.device, args.out_dir
+if MAX_STEPS < 1 or BATCH_SIZE < 1 or not LR > 0:
+    parser.error("--max-steps and --batch-size must be >= 1 and --lr > 0")
+# [option: checkpoint]
+stop_at = MAX_STEPS if args.stop_at is None else min(max(args.stop_at, 0), MAX_STEPS)
+# [else]
+#| if args.resume is not None:
+#|     parser.error("this recipe was generated without checkpoints: regenerate it with "
+#|                  "`python -m troubleshooter recipe --checkpoint` to save and resume")
+#| stop_at = MAX_STEPS
+# [end]
+
+# -----------------------------------------------------------------------------
+# Device, processes and precision
+# [option: distributed=none]
+RANK, LOCAL_RANK, WORLD_SIZE = 0, 0, 1
+# [else]
+#| RANK = int(os.environ.get("RANK", 0))              # set by torchrun
+#| LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
+#| WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
+# [end]
+if DEVICE == "auto":
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+device = torch.device(DEVICE)
+if device.type == "cuda":
+    if device.index is None:
+        device = torch.device("cuda", LOCAL_RANK)   # one GPU per process
+    torch.cuda.set_device(device)
+# [option: distributed!=none]
+#| backend = "nccl" if device.type == "cuda" else "gloo"
+#| if "RANK" in os.environ:
+#|     dist.init_process_group(backend)
+#| else:  # plain `python train_amp.py`: a world of one process, no launcher needed
+#|     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+# [end]
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 on CPU only pays off with native instructions (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_precision(device: torch.device) -> str:
+    """bf16 where the hardware has it, else fp16 (+ GradScaler) on tensor-core GPUs, else fp32."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16"
+        # [option: scaler]
+        return "fp16" if torch.cuda.get_device_capability(device)[0] >= 7 else "fp32"
+        # [else]
+        #| return "fp32"
+        # [end]
+    if device.type == "cpu":
+        return "bf16" if cpu_has_fast_bf16() else "fp32"
+    return "fp32"
+
+
+if PRECISION == "auto":
+    PRECISION = pick_precision(device)
+if PRECISION == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    sys.exit("error: bf16 not supported on this GPU (it needs Ampere or newer): use fp16 with GradScaler "
+             "(python -m troubleshooter recipe --precision fp16) or fp32")
+# [option: scaler]
+amp_dtype = torch.bfloat16 if PRECISION == "bf16" else torch.float16
+# [else]
+#| amp_dtype = torch.bfloat16
+# [end]
+# Autocast runs matmuls and convolutions in amp_dtype and keeps softmax, norms and losses in float32.
+autocast_ctx = torch.autocast(device.type, dtype=amp_dtype, enabled=PRECISION != "fp32")
+
+# -----------------------------------------------------------------------------
+# YOUR MODEL AND DATA GO HERE. Replace build_model(), loss_fn() and get_batch(), keeping their
+# signatures. The demo learns a synthetic task in a few dozen steps, so a falling loss shows
+# the loop works before you plug in the real thing.
+# [option: model=transformer]
+VOCAB_SIZE = 64      # sizes in multiples of 8 (vocabularies: 64) keep the tensor cores busy
+SEQ_LEN = 32
+N_EMBD = 64
+N_HEAD = 4
+N_LAYER = 2
+THROUGHPUT_UNIT, ITEMS_PER_SAMPLE = "tok", SEQ_LEN
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then an MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(N_EMBD)
+        self.qkv = nn.Linear(N_EMBD, 3 * N_EMBD)
+        self.proj = nn.Linear(N_EMBD, N_EMBD)
+        self.ln2 = nn.LayerNorm(N_EMBD)
+        self.mlp = nn.Sequential(nn.Linear(N_EMBD, 4 * N_EMBD), nn.GELU(), nn.Linear(4 * N_EMBD, N_EMBD))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, N_HEAD, C // N_HEAD).transpose(1, 2) for t in (q, k, v))
+        # The fused attention kernel does its softmax in float32: no fp16 overflow in the scores.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB_SIZE, N_EMBD)
+        self.pos = nn.Embedding(SEQ_LEN, N_EMBD)
+        self.blocks = nn.ModuleList(Block() for _ in range(N_LAYER))  # FSDP shards each block
+        self.ln_f = nn.LayerNorm(N_EMBD)
+        self.head = nn.Linear(N_EMBD, VOCAB_SIZE)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model() -> nn.Module:
+    return TinyGPT()
+
+
+def loss_fn(logits, targets):
+    # cross_entropy runs in float32 under autocast: log-softmax in fp16 would overflow.
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_samples(gen: torch.Generator):
+    """Synthetic language: every token is the previous one plus 7 (mod VOCAB_SIZE)."""
+    start = torch.randint(VOCAB_SIZE, (BATCH_SIZE, 1), generator=gen)
+    seq = (start + 7 * torch.arange(SEQ_LEN + 1)) % VOCAB_SIZE
+    return seq[:, :-1], seq[:, 1:]
+# [else]
+#| IMAGE_SIZE = 16
+#| IN_CHANNELS = 3
+#| WIDTH = 32           # channel counts in multiples of 8 keep the tensor cores busy
+#| NUM_CLASSES = 8
+#| THROUGHPUT_UNIT, ITEMS_PER_SAMPLE = "img", 1
+#|
+#|
+#| def conv_block(c_in: int, c_out: int, stride: int = 1) -> nn.Module:
+#|     # BatchNorm keeps its statistics in float32 under autocast.
+#|     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+#|
+#|
+#| class SmallCNN(nn.Module):
+#|     def __init__(self):
+#|         super().__init__()
+#|         self.blocks = nn.Sequential(conv_block(IN_CHANNELS, WIDTH), conv_block(WIDTH, 2 * WIDTH, 2))
+#|         self.head = nn.Linear(2 * WIDTH, NUM_CLASSES)
+#|
+#|     def forward(self, x):
+#|         return self.head(self.blocks(x).mean(dim=(2, 3)))
+#|
+#|
+#| def build_model() -> nn.Module:
+#|     return SmallCNN()
+#|
+#|
+#| def loss_fn(logits, targets):
+#|     # cross_entropy runs in float32 under autocast: log-softmax in fp16 would overflow.
+#|     return F.cross_entropy(logits, targets)
+#|
+#|
+#| def make_samples(gen: torch.Generator):
+#|     """Synthetic images: a fixed random pattern per class, plus noise."""
+#|     patterns = torch.randn(NUM_CLASSES, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE,
+#|                            generator=torch.Generator().manual_seed(SEED))
+#|     labels = torch.randint(NUM_CLASSES, (BATCH_SIZE,), generator=gen)
+#|     images = patterns[labels] + torch.randn(BATCH_SIZE, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE, generator=gen)
+#|     return images, labels
+# [end]
+
+
+def get_batch(split: str, index: int):
+    """Batch number `index` of `split`, identical on every run: a resumed run sees the same data."""
+    gen = torch.Generator().manual_seed(SEED + 2 * (index * WORLD_SIZE + RANK) + (split == "val"))
+    x, y = make_samples(gen)
+    if device.type == "cuda":
+        # Pinned memory + non_blocking: the copy overlaps with compute instead of stalling the host.
+        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    else:
+        x, y = x.to(device), y.to(device)
+    # [option: channels_last]
+    #| x = x.contiguous(memory_format=torch.channels_last)  # NHWC: the layout tensor-core convolutions want
+    # [end]
+    return x, y
+
+
+# -----------------------------------------------------------------------------
+# Model, optimizer, schedule, scaler
+torch.manual_seed(SEED)  # the same initial weights in every process
+# The weights stay float32 (the "master weights"): autocast casts per op, the optimizer updates float32.
+model = build_model().to(device)
+# [option: channels_last]
+#| model = model.to(memory_format=torch.channels_last)
+# [end]
+raw_model = model  # the plain module: its state_dict is what checkpoints hold
+# [option: compile]
+#| model = torch.compile(model)
+# [end]
+# [option: distributed=ddp]
+#| model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+# [end]
+# [option: distributed=fsdp]
+#| # FSDP2 casts the sharded float32 weights to amp_dtype for compute and reduces gradients in float32.
+#| mp_policy = MixedPrecisionPolicy(param_dtype=None if PRECISION == "fp32" else amp_dtype, reduce_dtype=torch.float32)
+#| for block in model.blocks:
+#|     fully_shard(block, mp_policy=mp_policy)  # one block's full weights in memory at a time
+#| fully_shard(model, mp_policy=mp_policy)
+# [end]
+
+# Fused AdamW: the whole update in one kernel on CUDA.
+optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
+# [option: scheduler=cosine]
+
+
+def lr_factor(step: int) -> float:
+    """Linear warm-up to LR, then cosine decay to MIN_LR_FRACTION * LR at MAX_STEPS."""
+    if step < WARMUP_STEPS:
+        return (step + 1) / WARMUP_STEPS
+    progress = min(1.0, (step - WARMUP_STEPS) / max(1, MAX_STEPS - WARMUP_STEPS))
+    return MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+# [end]
+# [option: scaler]
+# fp16 gradients underflow to zero unless the loss is scaled up first. The scaler is disabled (a
+# no-op) for bf16 and fp32, so this one loop serves every precision.
+# [option: distributed=fsdp]
+#| scaler = ShardedGradScaler(device.type, enabled=PRECISION == "fp16")  # agrees on inf/NaN across ranks
+# [else]
+scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
+# [end]
+skipped_steps = 0  # fp16 steps the scaler skipped because a gradient overflowed
+# [end]
+# [option: nan_guard]
+nonfinite_steps = 0  # steps dropped by the NaN guard because the loss was inf/NaN
+# [end]
+
+
+def model_state() -> dict:
+    """The model's full float32 state_dict (under FSDP, gathered from every rank)."""
+    # [option: distributed=fsdp]
+    #| return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # [else]
+    return raw_model.state_dict()
+    # [end]
+# [option: eval]
+
+
+@torch.no_grad()
+def evaluate() -> float:
+    """Mean loss on EVAL_BATCHES held-out batches, under the same autocast as training."""
+    model.eval()
+    total = torch.zeros((), device=device)
+    for i in range(EVAL_BATCHES):
+        x, y = get_batch("val", i)
+        with autocast_ctx:
+            total += loss_fn(model(x), y)
+    model.train()
+    return total.item() / EVAL_BATCHES
+# [end]
+# [option: checkpoint]
+
+
+ckpt_path = os.path.join(OUT_DIR, "ckpt.pt")
+
+
+def save_checkpoint(step: int) -> None:
+    """Everything a resumed run needs to continue exactly as if it had never stopped."""
+    weights = model_state()
+    # [option: distributed=fsdp]
+    #| optim_state = get_optimizer_state_dict(
+    #|     model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # [else]
+    optim_state = optimizer.state_dict()
+    # [end]
+    if RANK != 0:
+        return
+    if any(t.is_floating_point() and t.dtype != torch.float32 for t in weights.values()):
+        raise RuntimeError("refusing to save a half-precision training checkpoint: keep float32 weights")
+    ckpt = {
+        "model": weights,  # float32 master weights: resuming from half weights would lose precision
+        "optimizer": optim_state,
+        # [option: scheduler=cosine]
+        "scheduler": scheduler.state_dict(),
+        # [end]
+        # [option: scaler]
+        # The loss scale and its growth tracker: without them a resumed fp16 run starts again at
+        # 65536 and skips steps while the scale comes back down.
+        "scaler": scaler.state_dict(),
+        "skipped_steps": skipped_steps,
+        # [end]
+        # [option: nan_guard]
+        "nonfinite_steps": nonfinite_steps,
+        # [end]
+        "step": step,
+        "precision": PRECISION,
+        "rng": {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
+    }
+    os.makedirs(OUT_DIR, exist_ok=True)
+    torch.save(ckpt, ckpt_path + ".tmp")
+    os.replace(ckpt_path + ".tmp", ckpt_path)  # atomic: a crash mid-save never leaves half a checkpoint
+    print(f"step {step}: saved {ckpt_path}", flush=True)
+
+
+start_step = 0
+if args.resume is not None:
+    path = args.resume or ckpt_path
+    if not os.path.exists(path):
+        sys.exit(f"error: no checkpoint at {path}")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # weights_only: loading runs no code
+    if ckpt["precision"] != PRECISION:
+        sys.exit(f"error: {path} was trained in {ckpt['precision']}, not {PRECISION}: pass --precision {ckpt['precision']}")
+    # [option: distributed=fsdp]
+    #| full = StateDictOptions(full_state_dict=True)
+    #| set_model_state_dict(model, ckpt["model"], options=full)
+    #| set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=full)
+    # [else]
+    raw_model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    # [end]
+    # [option: scheduler=cosine]
+    scheduler.load_state_dict(ckpt["scheduler"])
+    # [end]
+    # [option: scaler]
+    scaler.load_state_dict(ckpt["scaler"])
+    skipped_steps = ckpt["skipped_steps"]
+    # [end]
+    # [option: nan_guard]
+    nonfinite_steps = ckpt["nonfinite_steps"]
+    # [end]
+    start_step = ckpt["step"]
+    torch.set_rng_state(ckpt["rng"]["cpu"])
+    if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    if RANK == 0:
+        print(f"resumed from {path} at step {start_step}", flush=True)
+# [else]
+#|
+#|
+#| start_step = 0
+# [end]
+
+# -----------------------------------------------------------------------------
+# Training
+if RANK == 0:
+    print(f"training on {device} in {PRECISION} | {WORLD_SIZE} process(es) | steps {start_step}..{stop_at}", flush=True)
+items_per_step = BATCH_SIZE * ACCUM_STEPS * WORLD_SIZE * ITEMS_PER_SAMPLE
+model.train()
+t_log, window_steps = time.perf_counter(), 0
+for step in range(start_step, stop_at + 1):
+    # `step` optimizer steps are done at this point.
+    last = step == stop_at
+    # [option: eval]
+    if step % EVAL_EVERY == 0 or last:
+        val_loss = evaluate()
+        if RANK == 0:
+            print(f"step {step}: val loss {val_loss:.4f}", flush=True)
+        t_log, window_steps = time.perf_counter(), 0
+    # [end]
+    # [option: checkpoint]
+    if step > start_step and (step % CKPT_EVERY == 0 or last):
+        save_checkpoint(step)
+        t_log, window_steps = time.perf_counter(), 0
+    # [end]
+    if last:
+        break
+
+    # Forward and backward over ACCUM_STEPS micro-batches; gradients add up in .grad.
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(ACCUM_STEPS):
+        x, y = get_batch("train", step * ACCUM_STEPS + micro)
+        # [option: distributed=ddp]
+        #| # All-reduce gradients only on the last micro-batch: one communication per optimizer step.
+        #| model.require_backward_grad_sync = micro == ACCUM_STEPS - 1
+        # [end]
+        # [option: distributed=fsdp]
+        #| # Reduce-scatter gradients only on the last micro-batch: one communication per optimizer step.
+        #| model.set_requires_gradient_sync(micro == ACCUM_STEPS - 1)
+        # [end]
+        with autocast_ctx:
+            # Divide by ACCUM_STEPS: the summed micro-batch gradients then equal the whole batch's mean.
+            loss = loss_fn(model(x), y) / ACCUM_STEPS
+        # backward() outside autocast: each op's backward runs in the dtype its forward used.
+        # [option: scaler]
+        scaler.scale(loss).backward()  # fp16: the scaled loss keeps small gradients from flushing to zero
+        # [else]
+        #| loss.backward()
+        # [end]
+        loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
+    # [option: nan_guard]
+
+    # NaN guard: an inf/NaN loss would poison every weight it touches, so drop this step's update.
+    # Checking costs one host sync per step.
+    bad = (~torch.isfinite(loss_sum)).float()
+    # [option: distributed!=none]
+    #| dist.all_reduce(bad)  # every rank must make the same decision
+    # [end]
+    if bad.item():
+        nonfinite_steps += 1
+        optimizer.zero_grad(set_to_none=True)
+        if RANK == 0:
+            print(f"step {step + 1}: non-finite loss, update skipped ({nonfinite_steps} so far)", flush=True)
+        continue
+    # [end]
+
+    # The optimizer step, once per ACCUM_STEPS micro-batches.
+    # [option: scaler]
+    # [option: clip]
+    scaler.unscale_(optimizer)  # divide the gradients by the scale first: clip the true gradients
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    # [end]
+    scaler.step(optimizer)  # skips the update if any gradient is inf/NaN
+    scale_before = scaler.get_scale()
+    scaler.update()  # once per optimizer step: lowers the scale after an overflow, grows it slowly otherwise
+    # The scale only drops when the step was skipped. (Reading it is a small host sync.)
+    stepped = scaler.get_scale() >= scale_before
+    skipped_steps += not stepped
+    # [option: scheduler=cosine]
+    if stepped:  # a skipped fp16 step must not advance the LR schedule (it would eat the warm-up)
+        scheduler.step()
+    # [end]
+    # [else]
+    # [option: clip]
+    #| grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    # [end]
+    #| optimizer.step()
+    # [option: scheduler=cosine]
+    #| scheduler.step()
+    # [end]
+    # [end]
+    optimizer.zero_grad(set_to_none=True)  # frees the gradients instead of writing zeros into them
+    window_steps += 1
+
+    if (step + 1) % LOG_EVERY == 0 and RANK == 0:
+        # .item() waits for the device to finish: do it only when printing.
+        rate = window_steps * items_per_step / (time.perf_counter() - t_log)
+        line = f"step {step + 1}/{MAX_STEPS} | loss {loss_sum.item():.4f} | lr {optimizer.param_groups[0]['lr']:.2e}"
+        # [option: clip]
+        line += f" | grad norm {float(grad_norm):.3f}"
+        # [end]
+        # [option: scaler]
+        line += f" | scale {scaler.get_scale():g} | skipped {skipped_steps}"
+        # [end]
+        # [option: nan_guard]
+        line += f" | non-finite {nonfinite_steps}"
+        # [end]
+        print(f"{line} | {rate:,.0f} {THROUGHPUT_UNIT}/s", flush=True)
+        t_log, window_steps = time.perf_counter(), 0
+
+# [option: not checkpoint]
+#| weights = model_state()  # float32 weights only: enough to use the model, not to resume training
+# [end]
+if RANK == 0:
+    # [option: not checkpoint]
+    #| os.makedirs(OUT_DIR, exist_ok=True)
+    #| torch.save(weights, os.path.join(OUT_DIR, "model.pt"))
+    # [end]
+    summary = f"done: {stop_at} steps"
+    # [option: scaler]
+    summary += f" | fp16 steps skipped by the scaler: {skipped_steps}"
+    # [end]
+    # [option: nan_guard]
+    summary += f" | non-finite losses skipped: {nonfinite_steps}"
+    # [end]
+    print(summary, flush=True)
+# [option: distributed!=none]
+#| dist.destroy_process_group()
+# [end]
