@@ -1,0 +1,157 @@
+"""Run the rule catalogue over source text or paths and collect a `LintReport`."""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..errors import UserError
+from ..findings import Finding, Location, has_problems, sort_key
+from .analysis import FileModel
+from .rules import BY_ID, RULES, Rule
+from .source import LintError, SourceUnit, iter_inputs
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
+
+
+@dataclass
+class LintReport:
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[LintError] = field(default_factory=list)
+    files: int = 0
+
+    def to_dict(self) -> dict:
+        return {"findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
+
+    @property
+    def exit_code(self) -> int:
+        if self.errors:
+            return 2
+        return 1 if has_problems(self.findings) else 0
+
+    def extend(self, other: "LintReport") -> None:
+        self.findings += other.findings
+        self.errors += other.errors
+        self.files += other.files
+
+
+def parse_ids(value: str | Iterable[str] | None, option: str) -> list[str] | None:
+    """'AMP101, AMP1' -> ['AMP101', 'AMP1']; every entry must name a rule or a prefix of one."""
+    if value is None:
+        return None
+    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in str(v).split(",")]
+    ids = [p.strip().upper() for p in parts if p.strip()]
+    bad = [i for i in ids if i != "ALL" and not any(r.id.startswith(i) for r in RULES)]
+    if bad:
+        raise UserError(f"unknown rule id{'s' if len(bad) > 1 else ''} in {option}: {', '.join(bad)} "
+                        f"(rules are {RULES[0].id}..{RULES[-1].id}; see `python -m troubleshooter rules`)")
+    return ids
+
+
+def active_rules(select=None, ignore=None) -> list[Rule]:
+    sel = parse_ids(select, "--select")
+    ign = parse_ids(ignore, "--ignore") or []
+
+    def match(rule_id: str, prefixes: list[str]) -> bool:
+        return any(p == "ALL" or rule_id.startswith(p) for p in prefixes)
+
+    return [r for r in RULES if (sel is None or match(r.id, sel)) and not match(r.id, ign)]
+
+
+def _noqa_codes(line: str) -> set[str] | None:
+    """None: no noqa; empty set: bare noqa (everything); else the listed codes/prefixes."""
+    if "noqa" not in line.lower():
+        return None
+    mt = _NOQA.search(line)
+    if not mt:
+        return None
+    codes = mt.group("codes")
+    return {c.strip().upper() for c in codes.split(",")} if codes else set()
+
+
+def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
+    report = LintReport(errors=list(unit.errors), files=1)
+    if not unit.text.strip():
+        return report
+    try:
+        tree = ast.parse(unit.text, filename=unit.path)
+    except SyntaxError as exc:
+        cell, line = unit.locate(exc.lineno or 0)
+        report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
+        return report
+    except (ValueError, RecursionError, MemoryError) as exc:
+        report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
+        return report
+    try:
+        model = FileModel(tree, unit.text)
+    except RecursionError:
+        report.errors.append(LintError(unit.path, "code is nested too deeply to analyse"))
+        return report
+    lines = model.lines
+    seen = set()
+    for rule in rules:
+        try:
+            hits = list(rule.check(model))
+        except RecursionError:
+            report.errors.append(LintError(unit.path, f"{rule.id}: code is nested too deeply to analyse"))
+            continue
+        for h in hits:
+            key = (rule.id, h.line, h.col)
+            if key in seen:
+                continue
+            seen.add(key)
+            src = lines[h.line - 1] if 0 < h.line <= len(lines) else ""
+            codes = _noqa_codes(src)
+            if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):
+                continue
+            cell, line = unit.locate(h.line)
+            report.findings.append(Finding(
+                rule=rule.id, name=rule.name, severity=rule.severity, message=h.message,
+                suggestion=h.suggestion or rule.fix,
+                location=Location(path=unit.path, line=line, column=h.col, cell=cell), data=dict(h.data)))
+    report.findings.sort(key=sort_key)
+    return report
+
+
+def lint_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> LintReport:
+    """Lint Python source (or notebook JSON when `path` ends in .ipynb)."""
+    rules = active_rules(select, ignore)
+    if path.endswith(".ipynb"):
+        from .source import notebook_unit
+        try:
+            unit = notebook_unit(text, path)
+        except ValueError as exc:
+            return LintReport(errors=[LintError(path, str(exc))])
+    else:
+        unit = SourceUnit(path=path, text=text)
+    return lint_unit(unit, rules)
+
+
+def lint_paths(paths: list[str], select=None, ignore=None) -> LintReport:
+    """Lint files, notebooks, directories (recursively) and `-` (stdin); unreadable ones become errors."""
+    rules = active_rules(select, ignore)
+    report = LintReport()
+    for _path, item in iter_inputs(list(paths)):
+        if isinstance(item, LintError):
+            report.errors.append(item)
+            report.files += 1
+        else:
+            report.extend(lint_unit(item, rules))
+    return report
+
+
+def all_rules() -> list[Rule]:
+    return list(RULES)
+
+
+def get_rule(rule_id: str) -> Rule:
+    rule = BY_ID.get(str(rule_id).strip().upper())
+    if rule is None:
+        raise UserError(f"unknown rule id {rule_id!r} (rules are {RULES[0].id}..{RULES[-1].id}; "
+                        "see `python -m troubleshooter rules`)")
+    return rule
+
+
+def explain_rule(rule_id: str) -> str:
+    return get_rule(rule_id).explain()

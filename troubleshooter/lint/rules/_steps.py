@@ -1,0 +1,94 @@
+"""Shared step queries used by several rules (training regions, accumulation structure)."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..analysis import (BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+                        names_in, text)
+
+
+def trains(m: FileModel, scope: Scope, unmanaged: bool = False) -> bool:
+    """The scope, or a function that calls it, runs backward."""
+    def has(s: Scope) -> bool:
+        return any(e.kind == BACKWARD and not (unmanaged and e.managed) for e in s.events)
+    return has(scope) or any(has(c) for c in m.callers(scope))
+
+
+def training_regions(m: FileModel, dtypes=("fp16",), unmanaged: bool = False) -> Iterator[tuple[Scope, Autocast, ast.AST]]:
+    """Autocast regions of the given dtype that run with grad, in code that trains."""
+    for s in m.scopes:
+        if s.is_eval:
+            continue
+        for ac, with_node, nograd in s.regions:
+            if ac.active and ac.dtype in dtypes and not nograd and trains(m, s, unmanaged):
+                yield s, ac, with_node
+
+
+@dataclass
+class Accumulation:
+    kind: str  # "guard" (if (i+1) % N == 0) or "loop" (for micro in range(N))
+    node: ast.AST
+    count: ast.AST | None
+    backwards: list[Event]
+    per_micro: Callable[[Event], bool]  # does this event run on every micro-batch?
+
+
+def accumulations(scope: Scope) -> list[Accumulation]:
+    out: list[Accumulation] = []
+    steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
+    bws = scope.of(BACKWARD)
+    for g in scope.guards:
+        inside = [e for e in steps if g in e.guards and e.kind != ZERO_GRAD]
+        if not inside:
+            continue
+        loops = inside[0].loops
+        if not loops:
+            continue
+        micro = [b for b in bws if g not in b.guards and b.loops == loops]
+        if micro:
+            b0 = micro[0]
+            out.append(Accumulation("guard", g.node, g.count, micro,
+                                    lambda e, g=g, b0=b0: (g not in e.guards and e.loops == b0.loops
+                                                           and e.branches == b0.branches and e.guards == b0.guards)))
+    for loop in scope.loops:
+        inner_b = [b for b in bws if loop in b.loops]
+        if not inner_b:
+            continue
+        end = getattr(loop.node, "end_lineno", loop.node.lineno)
+        after = [e for e in steps if loop not in e.loops and e.line > end and e.kind != ZERO_GRAD
+                 and e.loops == inner_b[0].loops[: inner_b[0].loops.index(loop)]]
+        if after:
+            b0 = inner_b[0]
+            out.append(Accumulation("loop", loop.node, loop.count, inner_b,
+                                    lambda e, loop=loop, b0=b0: (loop in e.loops and e.guards == b0.guards
+                                                                 and e.branches == b0.branches)))
+    return out
+
+
+def divides_by(m: FileModel, count: ast.AST | None) -> bool:
+    """Is anything in the file divided (or multiplied by 1/x) by N or a name N is made of?"""
+    if count is None:
+        return True  # unknown N: do not claim it is missing
+    wanted = names_in(count) - {"self", "args", "config", "cfg", "opt", "hparams", "params"}
+    literal = text(count)
+    for n in ast.walk(m.tree):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
+            rhs = n.right
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
+            rhs = n.value
+        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} and n.args:
+            rhs = n.args[0]
+        else:
+            continue
+        if text(rhs) == literal or (wanted and names_in(rhs) & wanted):
+            return True
+    return False
+
+
+def scaler_key_for(scope: Scope, m: FileModel) -> str:
+    for e in scope.events:
+        if e.recv and m.is_scaler(e.recv) and isinstance(e.node, ast.Call) and isinstance(e.node.func, ast.Attribute):
+            return text(e.node.func.value)
+    return "scaler"

@@ -1,0 +1,52 @@
+"""AMP101 clip-before-unscale."""
+from ..analysis import BACKWARD, CLIP, SCALER_STEP, UNSCALE, compatible, text
+from ._steps import scaler_key_for
+from .base import Hit, Rule
+
+
+def optimizer_text(scope) -> str | None:
+    """The optimizer the scaler steps in this scope, when there is exactly one."""
+    opts = {text(e.arg) for e in scope.of(SCALER_STEP, UNSCALE) if e.arg is not None and not e.via_call}
+    return opts.pop() if len(opts) == 1 else None
+
+
+class ClipBeforeUnscale(Rule):
+    id = "AMP101"
+    name = "clip-before-unscale"
+    severity = "error"
+    summary = "Gradient clipping after `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first."
+    why = ("After a scaled backward the gradients are multiplied by the loss scale (65536 at the start). "
+           "`clip_grad_norm_` then measures and clips the scaled norm, so the threshold is effectively divided "
+           "by the scale: clipping either never happens or crushes every update.")
+    example_bad = """
+scaler.scale(loss).backward()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+scaler.step(optimizer)
+scaler.update()
+"""
+    example_good = """
+scaler.scale(loss).backward()
+scaler.unscale_(optimizer)
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+scaler.step(optimizer)
+scaler.update()
+"""
+    fix = "Call `scaler.unscale_(optimizer)` right before clipping; `scaler.step` then knows not to unscale again."
+
+    def check(self, m):
+        for s in m.scopes:
+            bws = [e for e in s.events if e.kind == BACKWARD and e.scaled and not e.managed
+                   and m.scaler_enabled(e.recv)]
+            for c in s.of(CLIP):
+                prior = [b for b in bws if b.order < c.order and compatible(b, c)]
+                if not prior:
+                    continue
+                b = prior[-1]
+                if any(e.kind in (UNSCALE, SCALER_STEP) and b.order < e.order < c.order for e in s.events):
+                    continue
+                scaler = scaler_key_for(s, m)
+                opt = optimizer_text(s) or "optimizer"
+                yield Hit.at(c.node, f"gradients are clipped while still scaled (scaled backward on line {b.line}, "
+                                     f"no `{scaler}.unscale_(...)` before this clip)",
+                             f"add `{scaler}.unscale_({opt})` on the line before the clip",
+                             scaler=scaler, optimizer=opt)

@@ -1,0 +1,40 @@
+"""AMP103 fp16-without-scaler."""
+from ._steps import training_regions
+from .base import Hit, Rule
+
+
+class Fp16WithoutScaler(Rule):
+    id = "AMP103"
+    name = "fp16-without-scaler"
+    severity = "error"
+    summary = ("float16 autocast (explicit `dtype=torch.float16`, or CUDA autocast with no dtype) in a training "
+               "step that calls backward with no GradScaler.")
+    why = ("float16 cannot represent values below ~6e-8: without loss scaling many small gradients underflow to "
+           "zero and training silently stalls or diverges. GradScaler multiplies the loss so gradients stay "
+           "representable, and skips steps whose gradients overflowed.")
+    example_bad = """
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(x).loss
+loss.backward()
+optimizer.step()
+"""
+    example_good = """
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(x).loss
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+"""
+    fix = ("Use `torch.amp.GradScaler(\"cuda\")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+           "`scaler.update()`; or switch to `dtype=torch.bfloat16` if the GPU supports it (no scaler needed).")
+
+    def check(self, m):
+        if m.any_scaler:
+            return
+        if any(e.managed for s in m.scopes for e in s.events if e.kind == "backward"):
+            return
+        for s, ac, node in training_regions(m, ("fp16",), unmanaged=True):
+            how = "dtype=torch.float16" if ac.device != "cuda" else "float16 (explicit or CUDA's default dtype)"
+            yield Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
+                                           "small gradients underflow to zero")

@@ -1,0 +1,66 @@
+"""AMP106 deprecated-amp-api."""
+import ast
+import re
+
+from ..analysis import DEPRECATED, text
+from .base import Hit, Rule
+
+_GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
+_FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
+
+
+def guarded_ids(tree: ast.AST) -> set[int]:
+    """Nodes inside a version guard: `if torch version ...`, `hasattr(torch.amp, ...)`, try/except ImportError."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        guarded = False
+        if isinstance(node, (ast.If, ast.IfExp)) and _GUARD_RE.search(text(node.test)):
+            guarded = True
+        elif isinstance(node, ast.Try):
+            for h in node.handlers:
+                names = {getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(h.type)} if h.type else {"*"}
+                if names & _FALLBACK_EXC or "*" in names:
+                    guarded = True
+        if guarded:
+            out.update(id(n) for n in ast.walk(node))
+    return out
+
+
+class DeprecatedAmpApi(Rule):
+    id = "AMP106"
+    name = "deprecated-amp-api"
+    severity = "warning"
+    summary = ("`torch.cuda.amp.autocast`, `torch.cuda.amp.GradScaler`, `torch.cpu.amp.autocast`, "
+               "`torch.cuda.amp.custom_fwd/custom_bwd` in any import or attribute form.")
+    why = ("These spellings are deprecated since PyTorch 2.4 and emit a FutureWarning on every use; they will be "
+           "removed. The device-generic `torch.amp` API does the same thing and works for CUDA, CPU, XPU and MPS.")
+    example_bad = """
+scaler = torch.cuda.amp.GradScaler()
+with torch.cuda.amp.autocast():
+    loss = model(x)
+"""
+    example_good = """
+scaler = torch.amp.GradScaler("cuda")
+with torch.amp.autocast("cuda"):
+    loss = model(x)
+"""
+    fix = ('Use `torch.amp.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda", ...)`, '
+           '`torch.amp.custom_fwd(device_type="cuda")`. Keep the old spelling only behind a version guard '
+           "for PyTorch < 2.4.")
+
+    def check(self, m):
+        guarded = guarded_ids(m.tree)
+        for node in ast.walk(m.tree):
+            if id(node) in guarded:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                old = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in DEPRECATED]
+                if old:
+                    new = ", ".join(DEPRECATED[q] for q in old)
+                    yield Hit.at(node, f"deprecated import of {', '.join('`' + q + '`' for q in old)}",
+                                 f"import from `torch.amp` and pass the device: {new}", qual=old)
+            elif isinstance(node, ast.Attribute):
+                q = m.names.qual(node)
+                if q in DEPRECATED:
+                    yield Hit.at(node, f"`{text(node)}` is deprecated (it resolves to `{q}`)",
+                                 f"use `{DEPRECATED[q]}`", qual=[q])

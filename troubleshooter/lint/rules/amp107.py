@@ -1,0 +1,45 @@
+"""AMP107 scheduler-steps-on-skipped-step."""
+import re
+
+from ..analysis import GET_SCALE, SCALER_STEP, SCHED_STEP, compatible, text
+from .base import Hit, Rule
+
+_CHECK_RE = re.compile(r"skip|scale|found_inf|was_run|step_count|overflow|isfinite|isnan|nan|inf", re.I)
+
+
+class SchedulerStepsOnSkippedStep(Rule):
+    id = "AMP107"
+    name = "scheduler-steps-on-skipped-step"
+    severity = "warning"
+    summary = "A per-iteration `scheduler.step()` after `scaler.step()` with no check that the optimizer step was skipped."
+    why = ("GradScaler skips `optimizer.step()` when the gradients overflowed (often in the first iterations while "
+           "it calibrates the scale). Stepping the LR scheduler anyway advances warm-up/decay without an update and "
+           "PyTorch warns 'Detected call of lr_scheduler.step() before optimizer.step()'.")
+    example_bad = """
+scaler.step(optimizer)
+scaler.update()
+scheduler.step()
+"""
+    example_good = """
+scale_before = scaler.get_scale()
+scaler.step(optimizer)
+scaler.update()
+if scaler.get_scale() >= scale_before:  # the step was not skipped
+    scheduler.step()
+"""
+    fix = ("Compare `scaler.get_scale()` before and after `scaler.update()` and step the scheduler only when the "
+           "scale did not drop, or set the LR from the step index instead.")
+
+    def check(self, m):
+        for s in m.scopes:
+            if s.of(GET_SCALE):
+                continue
+            steps = [e for e in s.of(SCALER_STEP) if not e.via_call]
+            for t in s.of(SCHED_STEP):
+                if t.arg is not None:  # ReduceLROnPlateau(metric) / epoch-indexed: not per iteration
+                    continue
+                if any(b[2] and _CHECK_RE.search(b[2]) for b in t.branches):
+                    continue
+                if any(st.line < t.line and st.innermost_loop == t.innermost_loop and compatible(st, t) for st in steps):
+                    yield Hit.at(t.node, f"`{text(t.node.func)}()` runs every iteration even when GradScaler skipped "
+                                         "the optimizer step (inf/NaN gradients)")

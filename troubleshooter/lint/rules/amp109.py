@@ -1,0 +1,43 @@
+"""AMP109 scaler-update-per-microbatch."""
+from ..analysis import SCALER_STEP, UPDATE
+from ._steps import accumulations
+from .base import Hit, Rule
+
+
+class ScalerUpdatePerMicrobatch(Rule):
+    id = "AMP109"
+    name = "scaler-update-per-microbatch"
+    severity = "error"
+    summary = "`scaler.update()` or `scaler.step()` called on every micro-batch of a gradient-accumulation loop."
+    why = ("With accumulation the scale must stay fixed until the accumulated gradients are used: updating it per "
+           "micro-batch mixes gradients scaled by different factors (so unscale_ divides them wrongly), and a "
+           "per-micro-batch `scaler.step` steps the optimizer on partial gradients.")
+    example_bad = """
+for i, batch in enumerate(loader):
+    scaler.scale(loss / accum).backward()
+    if (i + 1) % accum == 0:
+        scaler.step(optimizer)
+        optimizer.zero_grad()
+    scaler.update()
+"""
+    example_good = """
+for i, batch in enumerate(loader):
+    scaler.scale(loss / accum).backward()
+    if (i + 1) % accum == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+"""
+    fix = "Call `scaler.step(optimizer)` and `scaler.update()` only in the branch that steps the optimizer."
+
+    def check(self, m):
+        for s in m.scopes:
+            seen = set()
+            for acc in accumulations(s):
+                for e in s.of(UPDATE, SCALER_STEP):
+                    if e.via_call or e.line in seen or not acc.per_micro(e):
+                        continue
+                    seen.add(e.line)
+                    what = "scaler.update()" if e.kind == UPDATE else "scaler.step()"
+                    yield Hit.at(e.node, f"`{what}` runs on every micro-batch of the accumulation loop on line "
+                                         f"{acc.node.lineno}")

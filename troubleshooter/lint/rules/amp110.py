@@ -1,0 +1,98 @@
+"""AMP110 checkpoint-missing-scaler-state."""
+import ast
+
+from ..analysis import SAVE, Scope, tail, text
+from .base import Hit, Rule
+
+
+def checkpoint_contents(m, scope: Scope, obj: ast.AST | None) -> tuple[list[str], list[ast.AST]] | None:
+    """String keys and value expressions of the dict being saved; None when it cannot be resolved."""
+    if isinstance(obj, ast.Dict):
+        return [k.value for k in obj.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)], \
+            [v for v in obj.values] + [k for k in obj.keys if k is not None and not isinstance(k, ast.Constant)]
+    if isinstance(obj, ast.Call) and tail(obj.func) == "dict":
+        return [k.arg for k in obj.keywords if k.arg], [k.value for k in obj.keywords] + list(obj.args)
+    if isinstance(obj, ast.Name):
+        keys, values, found = [], [], False
+        for n in ast.walk(scope.node):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name) and t.id == obj.id:
+                        sub = checkpoint_contents(m, scope, n.value)
+                        if sub is None:
+                            return None
+                        found = True
+                        keys += sub[0]
+                        values += sub[1]
+                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == obj.id:
+                        if isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
+                            keys.append(t.slice.value)
+                        values.append(n.value)
+            elif isinstance(n, ast.Call) and tail(n.func) == "update" and isinstance(n.func, ast.Attribute) \
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == obj.id:
+                for a in n.args:
+                    sub = checkpoint_contents(m, scope, a)
+                    if sub:
+                        keys += sub[0]
+                        values += sub[1]
+                keys += [k.arg for k in n.keywords if k.arg]
+                values += [k.value for k in n.keywords]
+        return (keys, values) if found else None
+    return None
+
+
+def state_owners(values) -> set[str]:
+    """Keys of objects whose state_dict() goes into the checkpoint."""
+    out = set()
+    for v in values:
+        for n in ast.walk(v):
+            if isinstance(n, ast.Call) and tail(n.func) == "state_dict" and isinstance(n.func, ast.Attribute):
+                k = tail(n.func.value)
+                if k:
+                    out.add(k)
+    return out
+
+
+class CheckpointMissingScalerState(Rule):
+    id = "AMP110"
+    name = "checkpoint-missing-scaler-state"
+    severity = "warning"
+    summary = "A training checkpoint (model + optimizer state) saved without `scaler.state_dict()` while a GradScaler is in use."
+    why = ("GradScaler's scale and growth tracker are training state. A resumed run without them restarts at "
+           "scale 65536 and skips several steps (or, with a low calibrated scale, overflows), so resuming does not "
+           "reproduce the uninterrupted run.")
+    example_bad = """
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
+"""
+    example_good = """
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict()}, "ckpt.pt")
+"""
+    fix = 'Add `"scaler": scaler.state_dict()` to the checkpoint and `scaler.load_state_dict(ckpt["scaler"])` on resume.'
+
+    def check(self, m):
+        scalers = [k for k in m.scaler_ctor if m.scaler_enabled(k)] or sorted(m.scaler_method_keys)
+        if not scalers:
+            return
+        for s in m.scopes:
+            for e in s.of(SAVE):
+                contents = checkpoint_contents(m, s, e.arg)
+                if contents is None:
+                    continue
+                keys, values = contents
+                owners = state_owners(values)
+                has_opt = any(m.is_optimizer(o) for o in owners) or any("optim" in k.lower() for k in keys)
+                has_scaler = any(m.is_scaler(o) or "scaler" in o.lower() for o in owners) or \
+                    any("scaler" in k.lower() or "amp" in k.lower() for k in keys) or \
+                    any(any("scaler" in n.lower() for n in _names(v)) for v in values)
+                if has_opt and not has_scaler:
+                    yield Hit.at(e.node, "checkpoint saves optimizer state but not the GradScaler state",
+                                 f'add `"scaler": {scalers[0]}.state_dict()` to the checkpoint')
+
+
+def _names(node):
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            yield n.id
+        elif isinstance(n, ast.Attribute):
+            yield n.attr

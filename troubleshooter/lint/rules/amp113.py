@@ -1,0 +1,45 @@
+"""AMP113 step-without-update."""
+from ..analysis import SCALE, SCALER_STEP, UPDATE
+from .base import Hit, Rule
+
+
+class StepWithoutUpdate(Rule):
+    id = "AMP113"
+    name = "step-without-update"
+    severity = "error"
+    summary = "`scaler.step()` without `scaler.update()` (or `update()` without `step()`)."
+    why = ("`scaler.update()` adjusts the scale and resets the per-step state. Without it the scale never grows "
+           "or backs off, and the next `unscale_`/`step` in the same scaler state raises or reuses stale inf "
+           "checks; `update()` without `step()` means the optimizer never steps through the scaler.")
+    example_bad = """
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+optimizer.zero_grad()
+"""
+    example_good = """
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+optimizer.zero_grad()
+"""
+    fix = "Call `scaler.update()` once per iteration, right after `scaler.step(optimizer)`."
+
+    def check(self, m):
+        by_key: dict[str, dict[str, list]] = {}
+        for s in m.scopes:
+            for e in s.of(SCALER_STEP, UPDATE, SCALE):
+                if e.via_call or not e.recv:
+                    continue
+                by_key.setdefault(e.recv, {}).setdefault(e.kind, []).append(e)
+        for key, kinds in by_key.items():
+            if key in m.scaler_passed or not m.scaler_enabled(key):
+                continue
+            steps, updates = kinds.get(SCALER_STEP, []), kinds.get(UPDATE, [])
+            if steps and not updates:
+                e = steps[0]
+                yield Hit.at(e.node, f"`{key}.step()` is never followed by `{key}.update()`: the loss scale never "
+                                     "adapts", f"add `{key}.update()` right after this line", scaler=key)
+            elif updates and not steps and kinds.get(SCALE):
+                e = updates[0]
+                yield Hit.at(e.node, f"`{key}.update()` without `{key}.step(optimizer)`: the optimizer steps on "
+                                     "scaled gradients", f"replace `optimizer.step()` by `{key}.step(optimizer)`")

@@ -1,0 +1,76 @@
+"""AMP114 manual-loss-scaling."""
+import ast
+import re
+
+from ..analysis import BACKWARD, tail
+from .base import Hit, Rule
+
+_SCALE_NAME = re.compile(r"loss_?scale|scale_?factor|^scale$|static_scale|loss_scaling", re.I)
+
+
+def _factor(node: ast.AST) -> ast.AST | None:
+    """The constant-looking factor of `x * C` (either side), if it looks like a loss scale."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+        return None
+    for side in (node.left, node.right):
+        if _is_scale(side):
+            return side
+    return None
+
+
+def _is_scale(n: ast.AST) -> bool:
+    if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+        return n.value >= 128
+    if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and isinstance(n.left, ast.Constant) \
+            and n.left.value == 2 and isinstance(n.right, ast.Constant) and isinstance(n.right.value, int):
+        return n.right.value >= 7
+    k = tail(n) if isinstance(n, (ast.Name, ast.Attribute)) else None
+    return bool(k and _SCALE_NAME.search(k))
+
+
+class ManualLossScaling(Rule):
+    id = "AMP114"
+    name = "manual-loss-scaling"
+    severity = "warning"
+    summary = "backward on a loss multiplied by a constant (e.g. `loss * 65536`) instead of GradScaler."
+    why = ("A fixed scale cannot adapt: too high and gradients overflow to inf with nothing to skip the step; too "
+           "low and they still underflow. The grads must also be divided back before clipping and stepping, which "
+           "manual code often forgets. GradScaler does all of this dynamically.")
+    example_bad = """
+(loss * 65536).backward()
+for p in model.parameters():
+    p.grad /= 65536
+optimizer.step()
+"""
+    example_good = """
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+"""
+    fix = "Use `torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`."
+
+    def check(self, m):
+        for s in m.scopes:
+            for e in s.of(BACKWARD):
+                if e.managed or e.scaled or e.arg is None:
+                    continue
+                f = _factor(e.arg)
+                if f is None and isinstance(e.arg, ast.Name):
+                    f = self._assigned_factor(s.node, e.arg.id, e.line)
+                if f is not None:
+                    yield Hit.at(e.node, f"loss is multiplied by a fixed `{ast.unparse(f)}` before backward "
+                                         "(manual loss scaling)")
+
+    @staticmethod
+    def _assigned_factor(root, name, before):
+        for n in ast.walk(root):
+            if getattr(n, "lineno", before) >= before:
+                continue
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
+                f = _factor(n.value)
+                if f is not None:
+                    return f
+            if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and isinstance(n.target, ast.Name) \
+                    and n.target.id == name and _is_scale(n.value):
+                return n.value
+        return None

@@ -1,0 +1,43 @@
+"""AMP116 optimizer-step-bypasses-scaler."""
+from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, compatible, text
+from .base import Hit, Rule
+
+
+class OptimizerStepBypassesScaler(Rule):
+    id = "AMP116"
+    name = "optimizer-step-bypasses-scaler"
+    severity = "error"
+    summary = "`optimizer.step()` directly after `scaler.scale(loss).backward()`."
+    why = ("The gradients are still multiplied by the loss scale (65536 at first): stepping the optimizer directly "
+           "applies updates thousands of times too large (SGD) or skews Adam's moments, and never skips steps "
+           "with inf/NaN gradients.")
+    example_bad = """
+scaler.scale(loss).backward()
+optimizer.step()
+"""
+    example_good = """
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+"""
+    fix = "Replace `optimizer.step()` with `scaler.step(optimizer)` followed by `scaler.update()`."
+
+    def check(self, m):
+        for s in m.scopes:
+            for o in s.of(OPT_STEP):
+                prior = [e for e in s.events if e.kind == BACKWARD and e.order < o.order and compatible(e, o)]
+                if not prior:
+                    continue
+                b = prior[-1]
+                if not b.scaled or b.managed or not m.scaler_enabled(b.recv):
+                    continue
+                if any(e.kind in (UNSCALE, SCALER_STEP) and b.order < e.order < o.order for e in s.events):
+                    continue
+                if s.sibling_has(o, {SCALER_STEP}) or any(e.kind == SCALER_STEP and e.order > o.order
+                                                          and compatible(e, o) and e.loops == o.loops
+                                                          for e in s.events):
+                    continue
+                scaler = b.recv or "scaler"
+                yield Hit.at(o.node, f"`{text(o.node.func)}()` steps on gradients still multiplied by the loss scale "
+                                     f"(scaled backward on line {b.line})",
+                             f"use `{scaler}.step({text(o.node.func.value)})` then `{scaler}.update()`")

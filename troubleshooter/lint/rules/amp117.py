@@ -1,0 +1,114 @@
+"""AMP117 unstable-op-under-autocast."""
+import ast
+
+from ..analysis import tail, text
+from ._steps import training_regions
+from .base import Hit, Rule
+
+_NUMERIC_MODULES = {"math", "np", "numpy", "jnp", "random"}
+
+
+def _unstable(m, n: ast.AST) -> str | None:
+    """Describe why `n` is numerically risky in float16, or None."""
+    if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and _big_exponent(n.right):
+        return f"`{text(n)}` raises to a large power"
+    if not isinstance(n, ast.Call):
+        return None
+    t = tail(n.func)
+    recv = n.func.value if isinstance(n.func, ast.Attribute) else None
+    if recv is not None and isinstance(recv, ast.Name) and recv.id in _NUMERIC_MODULES:
+        return None
+    if isinstance(n.func, ast.Name) and (m.names.qual(n.func) or "").split(".")[0] in _NUMERIC_MODULES:
+        return None
+    is_torch_fn = recv is not None and (m.names.qual(recv) or "").startswith("torch")
+    if t == "exp" and (is_torch_fn or (recv is not None and not isinstance(recv, ast.Name)) or
+                       (recv is not None and recv.id not in m.names.alias)):
+        return f"`{text(n)[:40]}` can overflow float16 (exp(x) > 65504 for x > 11)"
+    if t == "log":
+        arg = n.args[0] if (is_torch_fn and n.args) else recv
+        if arg is not None and any(tail(c.func) in {"softmax", "sigmoid"} for c in ast.walk(arg) if isinstance(c, ast.Call)):
+            return "manual softmax -> log loses precision and gives -inf in float16"
+        if arg is not None and not any(isinstance(c, ast.Call) and tail(c.func) in {"clamp", "clamp_min", "clip"}
+                                       for c in ast.walk(arg)) and not isinstance(arg, ast.BinOp):
+            return f"`{text(n)[:40]}` gives -inf for values that underflow float16"
+    if t == "pow" and ((is_torch_fn and len(n.args) > 1 and _big_exponent(n.args[1])) or
+                       (not is_torch_fn and n.args and _big_exponent(n.args[0]))):
+        return f"`{text(n)[:40]}` raises to a large power"
+    return None
+
+
+def _big_exponent(n: ast.AST) -> bool:
+    return isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool) \
+        and abs(n.value) >= 4
+
+
+class UnstableOpUnderAutocast(Rule):
+    id = "AMP117"
+    name = "unstable-op-under-autocast"
+    severity = "warning"
+    summary = ("`exp`, `log`, `pow` with large exponents or a manual softmax->log in code that runs under float16 "
+               "autocast, including helpers and model `forward`s in the same file called from the autocast block.")
+    why = ("float16 overflows above 65504 and underflows below 6e-8: `exp(x)` overflows for x > 11, `log` of a "
+           "probability that underflowed is -inf, and `softmax` followed by `log` loses the precision "
+           "`log_softmax` keeps. One inf becomes NaN in the loss.")
+    example_bad = """
+with torch.autocast("cuda", dtype=torch.float16):
+    probs = torch.softmax(logits, dim=-1)
+    loss = -torch.log(probs[range(n), y]).mean()
+"""
+    example_good = """
+with torch.autocast("cuda", dtype=torch.float16):
+    logits = model(x)
+loss = torch.nn.functional.cross_entropy(logits.float(), y)
+"""
+    fix = ("Use `log_softmax` / `cross_entropy` / `logsumexp`, or compute the risky part in float32: "
+           '`with torch.autocast("cuda", enabled=False): y = torch.exp(x.float())`.')
+
+    def check(self, m):
+        roots: list[ast.AST] = []
+        seen_regions = set()
+        for s, ac, with_node in training_regions(m, ("fp16",)):
+            if id(with_node) not in seen_regions:
+                seen_regions.add(id(with_node))
+                roots.extend(with_node.body)
+        if not roots:
+            return
+        reported = set()
+        for node, via in self._reachable(m, roots):
+            for n in ast.walk(node):
+                why = _unstable(m, n)
+                if why and n.lineno not in reported:
+                    reported.add(n.lineno)
+                    where = f" (in `{via}`, called under float16 autocast)" if via else " under float16 autocast"
+                    yield Hit.at(n, why + where)
+
+    @staticmethod
+    def _reachable(m, roots):
+        """Yield (statement root, helper name) for the autocast bodies and local code they call."""
+        out = [(r, None) for r in roots]
+        seen: set[int] = set()
+        queue = list(roots)
+        while queue and len(seen) < 300:
+            node = queue.pop()
+            for c in ast.walk(node):
+                if not isinstance(c, ast.Call):
+                    continue
+                for d in _targets(m, c):
+                    if id(d) not in seen:
+                        seen.add(id(d))
+                        out.extend((st, d.name) for st in d.body)
+                        queue.extend(d.body)
+        return out
+
+
+def _targets(m, call: ast.Call):
+    """Local functions a call may run: f(), self.f(), model(x) -> Model.forward, self.block(x) -> Block.forward."""
+    t = tail(call.func)
+    if t is None:
+        return []
+    out = list(m.functions.get(t, [])) if t not in {"__init__"} else []
+    cls = m.instances.get(t) or (t if t in m.classes and False else None)
+    if cls in m.classes:
+        out += [d for d in m.classes[cls].body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and d.name == "forward"]
+    return out

@@ -1,0 +1,40 @@
+"""AMP124 half-checkpoint."""
+from ..analysis import SAVE
+from .amp110 import checkpoint_contents, state_owners
+from .amp111 import trained_half_models
+from .base import Hit, Rule
+
+
+class HalfCheckpoint(Rule):
+    id = "AMP124"
+    name = "half-checkpoint"
+    severity = "warning"
+    summary = "Saving a half-precision state dict (after `.half()`) as a training checkpoint."
+    why = ("A training checkpoint should hold the float32 master weights: a float16/bfloat16 copy has lost the low "
+           "bits, so resuming from it changes the model, and small updates accumulated since are gone.")
+    example_bad = """
+model.half()
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
+"""
+    example_good = """
+# keep the model in float32 and use autocast; save the float32 weights
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
+"""
+    fix = "Keep float32 master weights (autocast instead of `.half()`) and checkpoint those; export a half copy separately for inference."
+
+    def check(self, m):
+        if not m.halved:
+            return
+        trained = trained_half_models(m)
+        for s in m.scopes:
+            for e in s.of(SAVE):
+                if e.arg is None:
+                    continue
+                contents = checkpoint_contents(m, s, e.arg)
+                values = contents[1] if contents else [e.arg]
+                owners = state_owners(values)
+                half = [o for o in owners if o in m.halved]
+                has_opt = any(m.is_optimizer(o) for o in owners)
+                if half and (has_opt or any(o in trained for o in half)):
+                    yield Hit.at(e.node, f"checkpoint stores the half-precision weights of `{half[0]}` "
+                                         "(no float32 master copy)")
