@@ -277,6 +277,8 @@ def run_speedup(
             runner = None
             release(dev)
 
+    warmup_s = time.perf_counter() - t_start
+
     # ---- interleaved timing rounds
     samples, stop_reason, rounds = _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress)
     elapsed = time.perf_counter() - t_start
@@ -314,7 +316,8 @@ def run_speedup(
         "settings": {
             "precisions": requested, "budget_s": budget_s, "compile": bool(compile), "seed": seed,
             "warmup_steps": warmup_steps, "target_spread": TARGET_SPREAD, "min_samples": MIN_SAMPLES,
-            "rounds": rounds, "stopped_because": stop_reason, "elapsed_s": round(elapsed, 3),
+            "rounds": rounds, "stopped_because": stop_reason, "warmup_s": round(warmup_s, 3),
+            "elapsed_s": round(elapsed, 3),
             "budget_exceeded_s": round(elapsed - budget_s, 3) if elapsed > budget_s * 1.05 else None,
             "timer": "cuda events" if dev.type == "cuda" else "perf_counter after synchronize",
         },
@@ -324,6 +327,19 @@ def run_speedup(
         "verdict": verdict.to_dict(),
         "findings": [f.to_dict() for f in verdict.findings],
     }
+
+
+def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """`run_speedup` on a `SpecSource`: in-process for YAML/presets, in a time-limited child
+    process for an (allowed) Python file. The child cannot call back, so `progress` is dropped there."""
+    from ..spec import run_with_workload
+
+    budget = kwargs.get("budget_s", DEFAULT_BUDGET_S)
+    if getattr(source, "kind", None) == "python":
+        kwargs.pop("progress", None)
+    # compiling and building models come on top of the budget; beyond this the child is stuck
+    timeout = 3 * float(budget) + (600 if kwargs.get("compile") else 120)
+    return run_with_workload(source, run_speedup, allow_exec=allow_exec, timeout_s=timeout, **kwargs)
 
 
 def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, share_s):
@@ -350,8 +366,10 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, shar
         runner.peak_memory_bytes = int(torch.cuda.max_memory_allocated(dev) - base)
         runner.memory_method = "torch.cuda.max_memory_allocated during this precision's warm-up, minus what was allocated before"
     elif dev.type == "cpu":
-        steady = _tensor_bytes(list(runner.model.parameters()), [q.grad for q in runner.model.parameters()],
-                               runner.optimizer.state_dict()["state"])
+        # grads are dropped first: the profiler cannot see frees of blocks allocated before it
+        # started, so they would be counted twice; the step allocates them again, in view
+        runner.optimizer.zero_grad(set_to_none=True)
+        steady = _tensor_bytes(list(runner.model.parameters()), runner.optimizer.state_dict()["state"])
         try:
             extra = _profiled_step_peak(lambda: runner.step(batches[n % len(batches)]))
             runner.peak_memory_bytes = int(steady + extra)

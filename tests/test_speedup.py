@@ -1,0 +1,169 @@
+"""The speedup measurement on CPU with tiny hand-built workloads and small budgets."""
+import json
+import math
+import statistics
+
+import pytest
+import torch
+from torch import nn
+
+from troubleshooter.engine import speedup as sp
+from troubleshooter.engine.speedup import run_speedup, split_available
+from troubleshooter.engine.verdict import level_for
+from troubleshooter.errors import UserError
+from troubleshooter.workload import Workload
+
+_AMP_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _precision_now(device_type="cpu"):
+    if torch.is_autocast_enabled(device_type):
+        return _AMP_NAME[torch.get_autocast_dtype(device_type)]
+    return "fp32"
+
+
+def tiny(d=32, batch=16, fail_in=None, calls=None):
+    """A 2-layer MLP; `fail_in` makes the loss raise in that precision; `calls` records the order."""
+
+    def build():
+        return nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, 8))
+
+    def make_batch(bs, device, gen):
+        return (torch.randn(bs, d, generator=gen).to(device),), torch.randint(0, 8, (bs,), generator=gen).to(device)
+
+    def loss_fn(out, target):
+        now = _precision_now()
+        if calls is not None:
+            calls.append(now)
+        if now == fail_in:
+            raise RuntimeError(f"deliberate failure in {now}")
+        return nn.functional.cross_entropy(out.float(), target)
+
+    return Workload(name="tiny", build_model=build, make_batch=make_batch, loss_fn=loss_fn,
+                    make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), batch_size=batch,
+                    flops_per_step=6.0 * batch * (d * 2 * d + 2 * d * 8))
+
+
+@pytest.fixture(scope="module")
+def result():
+    seen = []
+    res = run_speedup(tiny(), device="cpu", budget_s=2.0, progress=lambda f, m: seen.append((f, m)))
+    res["_progress"] = seen
+    return res
+
+
+def test_every_precision_has_numbers_and_tf32_is_unavailable_on_cpu(result):
+    assert set(result["results"]) == {"fp32", "fp16", "bf16"}
+    assert "tf32" not in result["results"] and "CPU" in result["unavailable"]["tf32"]
+    for p, r in result["results"].items():
+        assert r["median_ms"] > 0 and r["iqr_ms"] >= 0 and r["samples"] >= sp.MIN_ROUNDS
+        assert len(r["samples_ms"]) == r["samples"]
+        assert r["median_ms"] == pytest.approx(statistics.median(r["samples_ms"]))
+        assert r["spread"] == pytest.approx(r["iqr_ms"] / r["median_ms"])
+        assert r["throughput"] == pytest.approx(16 / (r["median_ms"] / 1000))
+        assert r["throughput_unit"] == "samples/s"
+        assert r["peak_memory_bytes"] > 0 and "profiler" in r["peak_memory_method"]
+        assert r["achieved_tflops"] > 0 and r["peak_share"] is None
+        assert math.isfinite(r["final_loss"]) and len(r["losses"]) == result["settings"]["warmup_steps"]
+    # the interleaved rounds give every precision the same number of samples
+    assert len({r["samples"] for r in result["results"].values()}) == 1
+
+
+def test_ratios_and_verdict_are_consistent_with_the_step_times(result):
+    res = result["results"]
+    fp32 = res["fp32"]["median_ms"]
+    for p, r in res.items():
+        assert r["speedup_vs_fp32"] == pytest.approx(fp32 / r["median_ms"])
+        assert "speedup_vs_tf32" not in r
+    v = result["verdict"]
+    best = min((p for p in res if p != "fp32"), key=lambda p: res[p]["median_ms"])
+    assert v["best_precision"] == best
+    assert v["speedup"] == pytest.approx(res[best]["speedup_vs_fp32"], rel=1e-3)
+    assert v["level"] == level_for(v["speedup"])
+    assert any("CPU numbers" in r for r in v["reasons"]) or v["level"] == "use_amp"
+
+
+def test_same_initial_weights_give_close_losses(result):
+    res = result["results"]
+    assert res["fp32"]["loss_rel_diff_vs_fp32"] == 0
+    for p in ("fp16", "bf16"):
+        # step 1 runs on identical weights: only rounding separates the losses
+        assert res[p]["losses"][0] == pytest.approx(res["fp32"]["losses"][0], rel=0.02)
+        assert res[p]["loss_rel_diff_vs_fp32"] < 0.05
+
+
+def test_json_schema_and_cpu_honesty(result):
+    text = json.dumps({k: v for k, v in result.items() if k != "_progress"}, allow_nan=False)
+    back = json.loads(text)
+    assert {"device", "spec", "settings", "results", "unavailable", "errors", "verdict", "findings"} <= set(back)
+    assert back["device"]["type"] == "cpu" and back["device"]["cpu_numbers"] is True
+    assert "CPU numbers" in back["device"]["note"] and "amx_bf16" in back["device"]["cpu_features"]
+    assert {"recommendation", "best_precision", "speedup", "reasons"} <= set(back["verdict"])
+    assert back["spec"]["name"] == "tiny" and back["spec"]["parameters"] == 32 * 64 + 64 + 64 * 8 + 8
+    assert back["settings"]["stopped_because"] in ("spread", "budget", "max_samples")
+    for f in back["findings"]:
+        assert f["rule"] == "AMP209" and f["name"] == "low-speedup"
+
+
+def test_progress_reports_fractions_up_to_one(result):
+    seen = result["_progress"]
+    fractions = [f for f, _ in seen]
+    assert fractions and all(0 <= f <= 1 for f in fractions) and fractions[-1] == 1.0
+    assert any("warming up" in m for _, m in seen) and any(m.startswith("round") for _, m in seen)
+
+
+def test_budget_is_honoured(result):
+    # the fixture paid the process's one-time costs (first autograd/optimizer step); a tiny model's
+    # warm-up plus rounds then stay near the budget (slack for a loaded 2-core CI box)
+    st = run_speedup(tiny(), device="cpu", budget_s=1.5)["settings"]
+    assert st["stopped_because"] in ("budget", "spread", "max_samples")
+    assert st["elapsed_s"] < st["budget_s"] + 3.0
+    assert 0 < st["warmup_s"] <= st["elapsed_s"]
+
+
+def test_precisions_are_interleaved_round_by_round():
+    calls = []
+    res = run_speedup(tiny(calls=calls), device="cpu", precisions="fp32,bf16,fp16", budget_s=0.5)
+    warm = res["settings"]["warmup_steps"] + 1  # + the profiled memory step
+    assert calls[:3 * warm] == ["fp32"] * warm + ["bf16"] * warm + ["fp16"] * warm
+    timed = calls[3 * warm:]
+    assert len(timed) == 3 * res["settings"]["rounds"]
+    assert timed == ["fp32", "bf16", "fp16"] * res["settings"]["rounds"]
+
+
+def test_a_precision_that_fails_is_an_error_and_the_others_still_report():
+    res = run_speedup(tiny(fail_in="fp16"), device="cpu", precisions=["fp32", "fp16", "bf16"], budget_s=0.5)
+    assert "deliberate failure in fp16" in res["errors"]["fp16"]
+    assert set(res["results"]) == {"fp32", "bf16"}
+    assert res["verdict"]["best_precision"] == "bf16"
+
+
+def test_failing_baseline_leaves_no_verdict_but_other_numbers():
+    res = run_speedup(tiny(fail_in="fp32"), device="cpu", precisions=["fp32", "bf16"], budget_s=0.3)
+    assert "fp32" in res["errors"] and set(res["results"]) == {"bf16"}
+    assert res["results"]["bf16"]["speedup_vs_fp32"] is None
+    assert res["verdict"]["level"] == "unknown"
+
+
+def test_bad_options_are_user_errors():
+    with pytest.raises(UserError, match="budget"):
+        run_speedup(tiny(), device="cpu", budget_s=0)
+    with pytest.raises(UserError, match="precision"):
+        run_speedup(tiny(), device="cpu", precisions="fp32,fp8")
+    with pytest.raises(UserError):
+        run_speedup(tiny(), device="tpu")
+
+
+def test_tf32_unavailable_before_ampere_with_an_injected_gpu():
+    info = {"type": "cuda", "name": "Tesla T4", "compute_capability": "7.5", "tf32": False}
+    avail, unavailable = split_available(["fp32", "tf32"], torch.device("cuda"), info)
+    assert avail == ["fp32"] and "Ampere" in unavailable["tf32"] and "sm_75" in unavailable["tf32"]
+    assert sp._native("bf16", {"type": "cuda", "bf16_native": False}) is False
+    assert sp._native("fp16", {"type": "cuda", "tensor_cores": True}) is True
+
+
+def test_text_report_names_the_cpu_and_every_precision(result):
+    text = sp.format_text(result)
+    assert "CPU numbers" in text and "tf32: unavailable" in text and "Verdict:" in text
+    for p in ("fp32", "fp16", "bf16"):
+        assert any(line.startswith(p) for line in text.splitlines())
