@@ -1,0 +1,255 @@
+"""`check`: run the diagnostics on one workload and gather them into one report.
+
+Each check runs on its own: an out-of-memory error, a non-finite loss or a crash in one is
+recorded as that check's error entry (memory released) and the others still run, so a user
+always gets every answer that could be measured. The returned dict is the `check --format json`
+object and is JSON-safe (non-finite numbers appear as the strings "inf", "-inf", "nan").
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..errors import UserError
+from ..findings import Finding, Severity
+from ..workload import Workload
+from . import precision as prec
+from .training_step import is_oom, release
+
+CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
+DEFAULT_STEPS = 20
+MAX_STEPS = 10000
+DEFAULT_TIMEOUT_S = 900.0
+_WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
+Progress = Callable[[float, str], None]
+
+
+def parse_only(only: str | Iterable[str] | None) -> list[str]:
+    """'alignment,nan' (or a list) -> the checks in CHECKS order; None -> all of them."""
+    if only is None:
+        return list(CHECKS)
+    parts = only.split(",") if isinstance(only, str) else list(only)
+    names = [p.strip().lower() for p in parts if p and p.strip()]
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise UserError(f"unknown check(s) {', '.join(unknown)}: choose from {', '.join(CHECKS)}")
+    if not names:
+        raise UserError(f"--only names no check: choose from {', '.join(CHECKS)}")
+    return [c for c in CHECKS if c in names]
+
+
+# ---------------------------------------------------------------- one function per check
+# Each returns (section, findings).
+
+
+def _capability(workload: Workload, device: torch.device, steps: int, seed: int):
+    try:
+        from .capability import detect
+    except ImportError:
+        raise _NotAvailable("the capability check is not available in this build") from None
+    report = detect(str(device))
+    section = dict(report.to_dict())
+    section.pop("findings", None)  # they go to the top-level list
+    return section, list(report.findings)
+
+
+def _alignment(workload: Workload, device: torch.device, steps: int, seed: int):
+    from .alignment import check_alignment
+
+    result = check_alignment(workload, device)
+    return result.to_list(), result.findings, {"alignment_summary": result.summary}
+
+
+def _skiprate(workload: Workload, device: torch.device, steps: int, seed: int):
+    from .skiprate import check_skiprate
+
+    result = check_skiprate(workload, device, steps=steps, seed=seed)
+    return result.to_dict(), result.findings
+
+
+def _nan(workload: Workload, device: torch.device, steps: int, seed: int):
+    try:
+        from .nanhunt import hunt_nonfinite
+    except ImportError:
+        raise _NotAvailable("the nan check is not available in this build") from None
+    section = dict(hunt_nonfinite(workload, device, seed=seed))
+    findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in section.pop("findings", [])]
+    return section, findings
+
+
+def _headroom(workload: Workload, device: torch.device, steps: int, seed: int):
+    from .headroom import check_headroom
+
+    result = check_headroom(workload, device, seed=seed)
+    return result.to_dict(), result.findings
+
+
+_RUNNERS = {"capability": _capability, "alignment": _alignment, "skiprate": _skiprate,
+            "nan": _nan, "headroom": _headroom}
+
+
+class _NotAvailable(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- the report
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"type": device.type, "index": device.index, "torch": torch.__version__}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info.update(index=index, name=props.name, capability=f"{props.major}.{props.minor}",
+                    memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    elif device.type == "mps":
+        info["name"] = "Apple MPS"
+    else:
+        info["name"] = platform.processor() or platform.machine() or "CPU"
+    return info
+
+
+def spec_info(workload: Workload) -> dict[str, Any]:
+    return {"name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len,
+            "loss_weight": workload.loss_weight, "flops_per_step": workload.flops_per_step,
+            "summary": workload.summary}
+
+
+def _tagged(f: Finding, check: str) -> Finding:
+    """Every finding says which check produced it (data["check"])."""
+    if f.data.get("check") == check:
+        return f
+    return Finding(f.rule, f.name, f.severity, f.message, f.suggestion, f.location, f.precision,
+                   {"check": check, **f.data})
+
+
+def _key(f: Finding) -> tuple:
+    return (f.rule, f.location.module, f.precision)
+
+
+def merge_findings(findings: list[Finding]) -> list[Finding]:
+    """The same problem seen by two checks (e.g. AMP202 from nan and headroom) is one finding:
+    the more severe one is kept, and its data says which checks confirmed it."""
+    kept: dict[tuple, Finding] = {}
+    confirmed: dict[tuple, list[str]] = {}
+    for f in findings:
+        k = _key(f)
+        confirmed.setdefault(k, [])
+        check = f.data.get("check")
+        if check and check not in confirmed[k]:
+            confirmed[k].append(check)
+        if k not in kept or f.severity.rank > kept[k].severity.rank:
+            kept[k] = f
+    out = []
+    for k, f in kept.items():
+        if len(confirmed[k]) > 1:
+            f = Finding(f.rule, f.name, f.severity, f.message, f.suggestion, f.location, f.precision,
+                        {**f.data, "confirmed_by": confirmed[k]})
+        out.append(f)
+    return sorted(out, key=lambda f: (-f.severity.rank, f.rule, f.location.module or "", f.precision or ""))
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types only: non-finite floats become "inf"/"-inf"/"nan", tuples lists."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
+        return jsonable(obj.item())
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)
+    return str(obj)
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """0: no warning or error finding; 1: some (the check's contract)."""
+    bad = {Severity.ERROR.value, Severity.WARNING.value}
+    return 1 if any(f.get("severity") in bad for f in result.get("findings", [])) else 0
+
+
+def _error_entry(name: str, exc: BaseException, device: torch.device) -> dict[str, Any]:
+    if isinstance(exc, _NotAvailable):
+        return {"kind": "not_available", "message": str(exc)}
+    if is_oom(exc):
+        where = "GPU" if device.type == "cuda" else "host"
+        return {"kind": "out_of_memory",
+                "message": f"the {name} check ran out of {where} memory: use a smaller batch or model "
+                           "(memory was released and the other checks still ran)"}
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return {"kind": "failed", "message": f"the {name} check failed: {type(exc).__name__}"
+                                         + (f": {text}" if text else "")}
+
+
+def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
+              steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the selected checks on `workload`; return the `check --format json` object."""
+    dev = prec.resolve_device(device)
+    selected = parse_only(only)
+    if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
+    result: dict[str, Any] = {"device": device_info(dev), "spec": spec_info(workload), "findings": []}
+    result.update({c: None for c in CHECKS})
+    result["skipped"] = {c: "not selected (--only)" for c in CHECKS if c not in selected}
+    errors: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {}
+    findings: list[Finding] = []
+    total = sum(_WEIGHT[c] for c in selected)
+    done = 0
+    for name in selected:
+        if progress is not None:
+            progress(done / total, f"{name} check on {dev}")
+        started = time.perf_counter()
+        try:
+            out = _RUNNERS[name](workload, dev, steps, seed)
+            section, found = out[0], out[1]
+            if len(out) > 2:
+                result.update(out[2])
+            result[name] = section
+            findings += [_tagged(f, name) for f in found]
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failing check must not lose the others
+            errors[name] = _error_entry(name, exc, dev)
+        finally:
+            release(dev)
+            timings[name] = round(time.perf_counter() - started, 3)
+        done += _WEIGHT[name]
+    if progress is not None:
+        progress(1.0, "done")
+    result["findings"] = [f.to_dict() for f in merge_findings(findings)]
+    result["errors"] = errors
+    result["timings_s"] = timings
+    result["seed"] = seed
+    result["steps"] = steps
+    result = jsonable(result)
+    result["exit_code"] = exit_code(result)
+    return result
+
+
+def check_source(source, allow_exec: bool = False, device: str | torch.device = "auto",
+                 only: str | Iterable[str] | None = None, steps: int = DEFAULT_STEPS, seed: int = 0,
+                 progress: Progress | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """`run_check` on a `spec.SpecSource`: YAML and presets in-process, a Python file in a child
+    process with a time limit (and without the progress callback, which cannot cross processes)."""
+    from ..spec import run_with_workload
+
+    parse_only(only)  # bad options fail before anything is built
+    if isinstance(device, str):
+        device = prec.resolve_device(device).__str__()
+    if getattr(source, "kind", None) == "python":
+        progress = None
+    result = run_with_workload(source, run_check, allow_exec=allow_exec, timeout_s=timeout_s,
+                               device=device, only=only, steps=steps, seed=seed, progress=progress)
+    result.setdefault("spec", {})["source"] = source.describe()
+    return result

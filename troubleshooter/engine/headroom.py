@@ -1,0 +1,410 @@
+"""Headroom: how close an fp32 training step comes to float16's limits, measured not guessed.
+
+One fp32 reference step with forward hooks gives the largest |activation| of every module
+against float16's maximum (65504), in bits of headroom (AMP202 fp16-overflow when negative);
+its parameter gradients, histogrammed by binary exponent, give the share that float16 would
+flush to zero (< 2**-24) or hold only as subnormals (< 2**-14) without loss scaling, and the
+loss-scale window that keeps them (AMP203 fp16-gradient-underflow); forward passes of the same
+weights under fp16 and bf16 autocast give their relative error against fp32 (AMP210
+bf16-precision-loss). All reductions stay on the device; the host syncs once at the end.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..findings import Finding, Location, Severity
+from ..workload import Workload
+from . import precision as prec
+
+FP16_MAX = 65504.0
+FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
+SUBNORMAL_EXP = -14  # |g| < 2**-14: float16 subnormal, precision lost
+_LO, _HI = -150, 130  # binary exponents of float32 (subnormals included) .. beyond its max
+_BINS = _HI - _LO
+SCALE_COVERS = 0.99  # the loss scale lifts this share of nonzero gradients out of the subnormals
+FLUSH_WARN = 0.05  # a module losing >= 5% of its gradient elements to zero is broken in fp16
+SUBNORMAL_INFO = 0.25
+NEAR_OVERFLOW_BITS = 1.0
+BF16_WARN, BF16_INFO = 0.10, 0.02  # relative error of the loss (or output) against fp32
+GROUP_AFTER = 12
+
+
+@dataclass
+class HeadroomResult:
+    activations: list[dict[str, Any]]
+    gradients: list[dict[str, Any]]
+    gradient_summary: dict[str, Any]
+    relative_error: dict[str, dict[str, Any]]
+    reference_loss: float | None
+    input_max_abs: float | None
+    first_overflow: str | None
+    findings: list[Finding] = field(default_factory=list)
+    device: str = "cpu"
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `headroom` section of the check JSON (findings go to the top-level list)."""
+        return {
+            "device": self.device, "seed": self.seed, "fp16_max": FP16_MAX,
+            "reference_loss": self.reference_loss, "input_max_abs": self.input_max_abs,
+            "first_overflow": self.first_overflow, "activations": self.activations,
+            "gradient_summary": self.gradient_summary, "gradients": self.gradients,
+            "relative_error": self.relative_error,
+        }
+
+
+# ---------------------------------------------------------------- device-side reductions
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _absmax(obj: Any) -> torch.Tensor | None:
+    """Largest |x| over every floating tensor in obj, as a 0-d float32 device tensor (no sync)."""
+    vals = [t.detach().abs().amax().float() for t in _tensors(obj) if t.numel()]
+    if not vals:
+        return None
+    return torch.stack(vals).amax() if len(vals) > 1 else vals[0]
+
+
+def exponent_histogram(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """int64 counts of floor(log2|g|) over [-150, 130) for nonzero finite g, plus two extra
+    slots: [_BINS] = exact zeros, [_BINS + 1] = non-finite. Exact counts, no sync."""
+    hist = torch.zeros(_BINS + 2, dtype=torch.int64, device=device)
+    for g in grads:
+        a = g.detach().abs().float().flatten()
+        finite = torch.isfinite(a)
+        nonzero = a > 0
+        exp = torch.floor(torch.log2(torch.where(nonzero & finite, a, torch.ones_like(a))))
+        idx = (exp.clamp(_LO, _HI - 1) - _LO).long()
+        idx = torch.where(finite, torch.where(nonzero, idx, torch.full_like(idx, _BINS)),
+                          torch.full_like(idx, _BINS + 1))
+        hist += torch.bincount(idx, minlength=_BINS + 2)
+    return hist
+
+
+def _share_below(hist: list[int], exp: int) -> tuple[int, int]:
+    """(nonzero finite count, count with |g| < 2**exp) from an exponent histogram."""
+    counts = hist[:_BINS]
+    return sum(counts), sum(counts[: exp - _LO])
+
+
+def _scale_window(hist: list[int], max_abs: float) -> dict[str, Any]:
+    """Smallest power-of-two loss scale that lifts SCALE_COVERS of the nonzero gradients to
+    >= 2**-14, and the largest that keeps the biggest gradient below 65504."""
+    counts = hist[:_BINS]
+    total = sum(counts)
+    if total == 0:
+        return {"min_loss_scale": None, "max_loss_scale": None, "fits": None}
+    allowed_below = total * (1 - SCALE_COVERS)
+    acc, low_exp = 0, _LO
+    for i, c in enumerate(counts):
+        if acc + c > allowed_below:
+            low_exp = _LO + i  # the covered gradients are all >= 2**low_exp
+            break
+        acc += c
+    min_scale = 2.0 ** max(0, SUBNORMAL_EXP - low_exp)
+    max_scale = 2.0 ** math.floor(math.log2(FP16_MAX / max_abs)) if max_abs > 0 and math.isfinite(max_abs) else None
+    fits = None if max_scale is None else min_scale <= max_scale
+    return {"min_loss_scale": min_scale, "max_loss_scale": max_scale, "fits": fits,
+            "scale_covers": SCALE_COVERS}
+
+
+def _rel_error(value: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor | None:
+    if value is None or ref is None or value.shape != ref.shape:
+        return None
+    ref = ref.detach().float()
+    diff = (value.detach().float() - ref).norm()
+    return diff / ref.norm().clamp_min(torch.finfo(torch.float32).tiny)
+
+
+# ---------------------------------------------------------------- the reference step
+
+
+def _first_output(obj: Any) -> torch.Tensor | None:
+    return next(iter(_tensors(obj)), None)
+
+
+def _seeded_forward(workload: Workload, model: nn.Module, batch, seed: int):
+    torch.manual_seed(seed)  # same dropout masks in every precision
+    inputs, target = batch
+    out = model(*inputs)
+    return out, workload.loss_fn(out, target) * workload.loss_weight
+
+
+def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str, Any]:
+    """Raw measurements (host values) of the reference step and the half-precision forwards."""
+    torch.manual_seed(seed)
+    model = workload.build_model().to(device)
+    model.train()
+    batch = workload.batch(device, seed=seed)
+    names = {m: n for n, m in model.named_modules()}
+    act: dict[str, list[torch.Tensor]] = {}
+    order: list[str] = []
+    classes: dict[str, str] = {}
+
+    def hook(mod, args, out):
+        name = names[mod]
+        m = _absmax(out)
+        if m is None:
+            return
+        if name not in act:
+            act[name] = []
+            order.append(name)
+            classes[name] = type(mod).__name__
+        act[name].append(m)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        out32, loss32 = _seeded_forward(workload, model, batch, seed)
+    finally:
+        for h in handles:
+            h.remove()
+    loss32.backward()
+    owners = [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+    grad_hists, grad_max = [], []
+    zero = torch.zeros((), device=device)
+    for n, m in owners:
+        grads = [p.grad for p in m.parameters(recurse=False) if p.grad is not None]
+        grad_hists.append(exponent_histogram(grads, device))
+        finite_max = [torch.where(torch.isfinite(g), g.detach().abs(), 0).amax().float() for g in grads if g.numel()]
+        grad_max.append(torch.stack(finite_max).amax() if finite_max else zero)
+    device_vals: dict[str, Any] = {
+        "act": [torch.stack(act[n]).amax() for n in order],
+        "grad_hist": torch.stack(grad_hists) if grad_hists else torch.zeros(0, _BINS + 2, device=device),
+        "grad_max": torch.stack(grad_max) if grad_max else torch.zeros(0, device=device),
+        "loss32": loss32.detach().float(),
+        "input_max": _absmax(batch[0]),
+    }
+    errors: dict[str, str] = {}
+    rel: dict[str, dict[str, torch.Tensor | None]] = {}
+    with torch.no_grad():
+        for p in ("fp16", "bf16"):
+            try:
+                with prec.autocast(p, device):
+                    out_p, loss_p = _seeded_forward(workload, model, batch, seed)
+                rel[p] = {"output": _rel_error(_first_output(out_p), _first_output(out32)),
+                          "loss": _rel_error(loss_p.reshape(()), loss32.reshape(())),
+                          "loss_value": loss_p.detach().float()}
+            except Exception as exc:  # noqa: BLE001 - an op without a half kernel on this device
+                errors[p] = f"{type(exc).__name__}: {exc}"
+    device_vals["rel"] = rel
+    host = _to_host(device_vals)  # the one host sync of the check
+    del model, out32, loss32, batch
+    host.update(order=order, classes=classes, owners=[(n, type(m).__name__) for n, m in owners],
+                param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
+                errors=errors)
+    return host
+
+
+def _to_host(tree: Any) -> Any:
+    """Move a nest of device tensors to Python values with a single transfer."""
+    flat: list[torch.Tensor] = []
+
+    def collect(x):
+        if isinstance(x, torch.Tensor):
+            flat.append(x.reshape(-1).double())
+        elif isinstance(x, dict):
+            for v in x.values():
+                collect(v)
+        elif isinstance(x, list):
+            for v in x:
+                collect(v)
+
+    collect(tree)
+    values = torch.cat(flat).tolist() if flat else []
+    pos = 0
+
+    def rebuild(x):
+        nonlocal pos
+        if isinstance(x, torch.Tensor):
+            n = x.numel()
+            chunk = values[pos:pos + n]
+            pos += n
+            if x.dim() == 0:
+                return chunk[0]
+            if x.dim() == 2:
+                cols = x.shape[1]
+                return [[int(v) for v in chunk[r * cols:(r + 1) * cols]] for r in range(x.shape[0])]
+            return chunk
+        if isinstance(x, dict):
+            return {k: rebuild(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [rebuild(v) for v in x]
+        return x
+
+    return rebuild(tree)
+
+
+# ---------------------------------------------------------------- interpretation
+
+
+def _bits(max_abs: float) -> float | None:
+    if not math.isfinite(max_abs):
+        return None
+    return math.log2(FP16_MAX / max_abs) if max_abs > 0 else None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> HeadroomResult:
+    activations = []
+    for name, m in zip(raw["order"], raw["act"]):
+        activations.append({"module": name, "class": raw["classes"][name], "max_abs": m,
+                            "headroom_bits": _bits(m), "finite": math.isfinite(m),
+                            "overflows_fp16": math.isfinite(m) and m > FP16_MAX})
+    first = next((a for a in activations if a["overflows_fp16"]), None)
+    gradients = []
+    total_hist = [0] * (_BINS + 2)
+    for (name, cls), hist, gmax, count in zip(raw["owners"], raw["grad_hist"], raw["grad_max"], raw["param_counts"]):
+        total_hist = [a + b for a, b in zip(total_hist, hist)]
+        nz, flush = _share_below(hist, FLUSH_EXP)
+        _, sub = _share_below(hist, SUBNORMAL_EXP)
+        gradients.append({"module": name, "class": cls, "elements": count, "nonzero": nz,
+                          "zeros": hist[_BINS], "nonfinite": hist[_BINS + 1], "max_abs": gmax,
+                          "flush_to_zero_share": flush / nz if nz else 0.0,
+                          "subnormal_share": sub / nz if nz else 0.0,
+                          **_scale_window(hist, gmax)})
+    nz, flush = _share_below(total_hist, FLUSH_EXP)
+    _, sub = _share_below(total_hist, SUBNORMAL_EXP)
+    gmax = max((g["max_abs"] for g in gradients), default=0.0)
+    summary = {"nonzero": nz, "flush_to_zero_share": flush / nz if nz else 0.0,
+               "subnormal_share": sub / nz if nz else 0.0, "max_abs": gmax,
+               "nonfinite": total_hist[_BINS + 1], **_scale_window(total_hist, gmax),
+               "exponent_histogram": {str(_LO + i): c for i, c in enumerate(total_hist[:_BINS]) if c}}
+    rel = {}
+    for p in ("fp16", "bf16"):
+        if p in raw["rel"]:
+            r = raw["rel"][p]
+            rel[p] = {"output": r["output"], "loss": r["loss"], "loss_value": r["loss_value"]}
+        else:
+            rel[p] = {"error": raw["errors"].get(p, "not measured")}
+    result = HeadroomResult(activations, gradients, summary, rel, raw["loss32"], raw.get("input_max"),
+                            first["module"] if first else None, device=device, seed=seed)
+    result.findings = _overflow_findings(result, first) + _underflow_findings(result) + _bf16_findings(result)
+    return result
+
+
+def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
+    data = {"check": "headroom"}
+    if first is not None:
+        others = [a["module"] for a in r.activations if a["overflows_fp16"] and a is not first]
+        msg = (f"{first['class']} '{first['module']}' outputs |x| up to {first['max_abs']:.3g} in the fp32 "
+               f"reference step, beyond float16's 65504 ({first['headroom_bits']:.1f} bits of headroom): "
+               "under fp16 autocast it overflows to inf")
+        if r.input_max_abs is not None and r.input_max_abs > FP16_MAX:
+            msg += f" (the input itself reaches {r.input_max_abs:.3g})"
+        if others:
+            msg += f"; {len(others)} later module(s) overflow too"
+        return [Finding("AMP202", "fp16-overflow", Severity.ERROR, msg,
+                        "Train in bf16 (same range as fp32), or bring this layer's values down: "
+                        "normalise the inputs, add a LayerNorm before it, or shrink its weights.",
+                        Location(module=first["module"]), precision="fp16",
+                        data={**data, "max_abs": first["max_abs"], "headroom_bits": first["headroom_bits"],
+                              "also_overflowing": others})]
+    near = next((a for a in r.activations if a["headroom_bits"] is not None
+                 and a["headroom_bits"] < NEAR_OVERFLOW_BITS), None)
+    if near is None:
+        return []
+    msg = (f"{near['class']} '{near['module']}' reaches |x| = {near['max_abs']:.3g}, within "
+           f"{near['headroom_bits']:.2f} bits of float16's maximum: a slightly larger input or a few "
+           "training steps can overflow it")
+    return [Finding("AMP202", "fp16-overflow", Severity.INFO, msg,
+                    "Prefer bf16, or keep this layer's scale in check (normalisation, smaller init).",
+                    Location(module=near["module"]), precision="fp16",
+                    data={**data, "max_abs": near["max_abs"], "headroom_bits": near["headroom_bits"]})]
+
+
+def _pow2(x: float) -> str:
+    e = math.log2(x)
+    return f"2**{int(e)} = {x:.0f}" if e == int(e) and x >= 1 else f"{x:g}"
+
+
+def _scale_suggestion(s: dict[str, Any]) -> str:
+    lo, hi = s.get("min_loss_scale"), s.get("max_loss_scale")
+    if lo is None:
+        return "Use torch.amp.GradScaler with fp16, or train in bf16, which needs no loss scaling."
+    if s.get("fits") is False:
+        return (f"No single loss scale fits: lifting the small gradients needs {_pow2(lo)}, but the largest "
+                f"overflows float16 above {_pow2(hi)}. Train in bf16 (no loss scaling needed).")
+    window = f"a loss scale of at least {_pow2(lo)}" + (f" and at most {_pow2(hi)}" if hi is not None else "")
+    default = ("; GradScaler's default init_scale 65536 is below that, so set init_scale="
+               f"{lo:.0f} (it only grows by itself every 2000 steps)") if lo > 65536 else \
+        "; GradScaler's default init_scale 65536 covers it"
+    return (f"Use torch.amp.GradScaler with fp16: these gradients need {window}{default}. "
+            "Or train in bf16, which needs no loss scaling.")
+
+
+def _underflow_findings(r: HeadroomResult) -> list[Finding]:
+    s = r.gradient_summary
+    suggestion = _scale_suggestion(s)
+    bad = [g for g in r.gradients if g["nonzero"] and g["flush_to_zero_share"] >= FLUSH_WARN]
+    findings = []
+    for g in bad:
+        msg = (f"{g['class']} '{g['module']}': without loss scaling {g['flush_to_zero_share']:.1%} of its "
+               f"nonzero gradient elements would flush to zero in float16 (|g| < 6e-8) and "
+               f"{g['subnormal_share']:.1%} would be subnormal (|g| < 6.1e-5)")
+        findings.append(Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg,
+                                _scale_suggestion(g), Location(module=g["module"]), precision="fp16",
+                                data={"check": "headroom", **{k: g[k] for k in (
+                                    "flush_to_zero_share", "subnormal_share", "max_abs",
+                                    "min_loss_scale", "max_loss_scale")}}))
+    if len(findings) > GROUP_AFTER:
+        modules = [f.location.module for f in findings]
+        msg = (f"{len(modules)} modules would lose gradients to zero in float16 without loss scaling: "
+               f"{s['flush_to_zero_share']:.1%} of all nonzero gradient elements flush to zero and "
+               f"{s['subnormal_share']:.1%} are subnormal")
+        return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, suggestion,
+                        Location(), precision="fp16", data={"check": "headroom", "modules": modules,
+                                                             **{k: v for k, v in s.items() if k != "exponent_histogram"}})]
+    if not findings and s["nonzero"] and s["subnormal_share"] >= SUBNORMAL_INFO:
+        msg = (f"without loss scaling {s['subnormal_share']:.1%} of the nonzero gradient elements would "
+               f"be float16 subnormals (|g| < 6.1e-5, precision lost) and {s['flush_to_zero_share']:.2%} "
+               "would flush to zero")
+        findings.append(Finding("AMP203", "fp16-gradient-underflow", Severity.INFO, msg, suggestion,
+                                Location(), precision="fp16",
+                                data={"check": "headroom", **{k: v for k, v in s.items() if k != "exponent_histogram"}}))
+    return findings
+
+
+def _bf16_findings(r: HeadroomResult) -> list[Finding]:
+    e = r.relative_error.get("bf16", {})
+    loss_err, out_err = e.get("loss"), e.get("output")
+    if loss_err is None or not math.isfinite(loss_err):
+        return []  # non-finite bf16 results are the nan check's business
+    worst = max(loss_err, out_err if out_err is not None and math.isfinite(out_err) else 0.0)
+    if worst < BF16_INFO:
+        return []
+    severity = Severity.WARNING if loss_err >= BF16_WARN else Severity.INFO
+    msg = (f"under bf16 autocast the loss is off by {loss_err:.1%} and the model output by "
+           f"{_fmt(out_err)} (relative) against fp32: bfloat16's 8-bit mantissa loses this model's precision")
+    return [Finding("AMP210", "bf16-precision-loss", severity, msg,
+                    "Keep the precision-sensitive part in fp32 (compute the loss and final layers outside "
+                    "autocast, e.g. on outputs .float()), rescale targets/outputs to O(1), or use fp16 "
+                    "with GradScaler if the range allows.",
+                    Location(), precision="bf16",
+                    data={"check": "headroom", "loss_relative_error": loss_err,
+                          "output_relative_error": out_err})]
+
+
+def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0) -> HeadroomResult:
+    device = torch.device(device)
+    with prec.precision_mode("fp32", device):
+        raw = measure(workload, device, seed)
+    return interpret(raw, str(device), seed)

@@ -1,0 +1,147 @@
+"""AMP204 high-skip-rate: what GradScaler really does to this model over N real fp16 steps.
+
+A GradScaler starts at a high scale (65536) and halves it, skipping the optimizer step, every
+time the scaled gradients overflow. A few skips at the start (calibration) are normal; skips
+that keep coming afterwards, or a scale that falls below 1, mean float16 cannot represent this
+model's gradients (or activations) and bf16 is the fix. Skips are read through the public API
+only: the scale after `update()` is lower than before exactly when the step was skipped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..findings import Finding, Location, Severity
+from ..workload import Workload
+from . import precision as prec
+from .training_step import build, training_step
+
+RULE, NAME = "AMP204", "high-skip-rate"
+DEFAULT_INIT_SCALE = 65536.0
+PERSISTENT_RATE = 0.10  # skipping more than 1 step in 10 after calibration is not noise
+CALIBRATION_NOTE = 3  # this many skips before the first good step is worth a lower init_scale
+
+
+@dataclass
+class SkipRateResult:
+    steps: list[dict[str, Any]]
+    summary: dict[str, Any]
+    recommendation: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    device: str = "cpu"
+    seed: int = 0
+    init_scale: float = DEFAULT_INIT_SCALE
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `skiprate` section of the check JSON (findings go to the top-level list)."""
+        return {"device": self.device, "precision": "fp16", "seed": self.seed,
+                "init_scale": self.init_scale, "summary": self.summary,
+                "recommendation": self.recommendation, "steps": self.steps}
+
+
+def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
+              init_scale: float = DEFAULT_INIT_SCALE) -> list[dict[str, Any]]:
+    """N fp16 training steps; per step the unscaled loss, the scale before/after, skipped or not.
+
+    One host sync per step (`get_scale()` after `update()`); losses stay on the device until
+    the end.
+    """
+    model, optimizer = build(workload, device, seed)
+    scaler = prec.make_scaler("fp16", device, init_scale=init_scale)
+    losses: list[torch.Tensor] = []
+    scales: list[tuple[float, float]] = []
+    before = float(scaler.get_scale())  # init_scale: no sync before the first step
+    try:
+        for i in range(steps):
+            batch = workload.batch(device, seed=seed * 100003 + i)
+            losses.append(training_step(workload, model, optimizer, scaler, batch, "fp16", device))
+            after = float(scaler.get_scale())
+            scales.append((before, after))
+            before = after
+        loss_values = torch.stack(losses).tolist() if losses else []
+    finally:
+        del model, optimizer, losses
+    out = []
+    calibrating = True
+    for i, ((b, a), loss) in enumerate(zip(scales, loss_values)):
+        skipped = a < b
+        calibrating = calibrating and skipped
+        out.append({"step": i, "loss": loss, "scale_before": b, "scale_after": a,
+                    "skipped": skipped, "phase": "calibration" if calibrating else "training"})
+    return out
+
+
+def summarize(steps: list[dict[str, Any]], init_scale: float = DEFAULT_INIT_SCALE) -> tuple[dict, dict]:
+    """(summary, recommendation) from the per-step series; pure, so it is tested on made-up series."""
+    n = len(steps)
+    calib = [s for s in steps if s["phase"] == "calibration"]
+    after = [s for s in steps if s["phase"] == "training"]
+    skipped_after = sum(s["skipped"] for s in after)
+    nonfinite = sum(1 for s in steps if not math.isfinite(s["loss"]))
+    final = steps[-1]["scale_after"] if steps else init_scale
+    min_scale = min((s["scale_after"] for s in steps), default=init_scale)
+    settled = after[0]["scale_before"] if after else None
+    rate_after = skipped_after / len(after) if after else None
+    summary = {
+        "steps": n, "skipped": len(calib) + skipped_after,
+        "skipped_calibration": len(calib), "skipped_after_calibration": skipped_after,
+        "steps_after_calibration": len(after), "skip_rate": (len(calib) + skipped_after) / n if n else None,
+        "skip_rate_after_calibration": rate_after, "calibration_ended": bool(after),
+        "nonfinite_losses": nonfinite, "final_scale": final, "min_scale": min_scale,
+        "settled_scale": settled,
+    }
+    if n and min_scale < 1:
+        rec = {"action": "bf16", "severity": "error",
+               "reason": f"the loss scale fell to {min_scale:g} (below 1): even unscaled, this model's "
+                         "gradients or activations overflow float16"}
+    elif n and nonfinite == n:
+        rec = {"action": "bf16", "severity": "error",
+               "reason": f"the fp16 loss was not finite on all {n} steps: the forward pass overflows "
+                         "float16, which no loss scale can fix"}
+    elif rate_after is not None and skipped_after >= 2 and rate_after > PERSISTENT_RATE:
+        rec = {"action": "bf16", "severity": "warning",
+               "reason": f"{skipped_after} of {len(after)} steps after calibration were skipped "
+                         f"({rate_after:.0%}): float16 keeps overflowing at scale {final:g}"}
+    elif n and not after:
+        rec = {"action": "lower_init_scale", "severity": "warning", "init_scale": final,
+               "reason": f"all {n} steps were skipped while the scale came down from {init_scale:g} "
+                         f"to {final:g}; the scaler had not found a usable scale yet"}
+    elif len(calib) >= CALIBRATION_NOTE:
+        rec = {"action": "lower_init_scale", "severity": "info", "init_scale": settled,
+               "reason": f"the first {len(calib)} steps were skipped while the scale came down "
+                         f"from {init_scale:g} to {settled:g}"}
+    else:
+        rec = {"action": "fine", "severity": None,
+               "reason": f"{len(calib)} calibration skip(s), {skipped_after} after; final scale {final:g}"}
+    return summary, rec
+
+
+_SUGGESTION = {
+    "bf16": "Train in bfloat16 (torch.autocast(dtype=torch.bfloat16), no GradScaler) on hardware "
+            "that has it; otherwise find and fix the overflowing layer (see the nan and headroom checks).",
+    "lower_init_scale": "Start the scaler where it settles: torch.amp.GradScaler('cuda', init_scale={scale:g}) "
+                        "so no steps are wasted on calibration.",
+}
+
+
+def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps: int = 20,
+                   seed: int = 0, init_scale: float = DEFAULT_INIT_SCALE) -> SkipRateResult:
+    device = torch.device(device)
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    series = run_steps(workload, device, steps, seed, init_scale)
+    summary, rec = summarize(series, init_scale)
+    findings = []
+    if rec["severity"]:
+        scale = rec.get("init_scale") or 1.0
+        suggestion = _SUGGESTION[rec["action"]].format(scale=scale)
+        msg = (f"GradScaler skipped {summary['skipped']} of {summary['steps']} fp16 steps "
+               f"({summary['skipped_calibration']} in calibration, "
+               f"{summary['skipped_after_calibration']} after): {rec['reason']}")
+        findings.append(Finding(RULE, NAME, Severity.parse(rec["severity"]), msg, suggestion,
+                                Location(), precision="fp16",
+                                data={"check": "skiprate", "summary": summary, "recommendation": rec}))
+    return SkipRateResult(series, summary, rec, findings, str(device), seed, init_scale)
