@@ -1,0 +1,83 @@
+"""Every rule fires exactly where its bad fixture says (`# expect: AMPnnn`) and not on its good fixture."""
+import re
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.lint import all_rules, explain_rule, get_rule, lint_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lint"
+RULE_IDS = [r.id for r in all_rules()]
+_EXPECT = re.compile(r"#\s*expect:\s*([A-Z0-9, ]+)")
+
+
+def expected(text: str) -> set[tuple[int, str]]:
+    out = set()
+    for i, line in enumerate(text.splitlines(), 1):
+        m = _EXPECT.search(line)
+        if m:
+            out |= {(i, r.strip()) for r in m.group(1).split(",") if r.strip()}
+    return out
+
+
+def findings_of(path: Path, rule_id: str, wanted: set[str]):
+    report = lint_text(path.read_text(), str(path))
+    assert not report.errors, report.errors
+    return {(f.location.line, f.rule) for f in report.findings
+            if f.severity.value != "info" or f.rule in wanted | {rule_id}}
+
+
+def fixtures_for(rule_id: str, kind: str) -> list[Path]:
+    return sorted(FIXTURES.glob(f"{kind}_{rule_id}*.py"))
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_bad_fixture_flags_expected_lines(rule_id):
+    paths = fixtures_for(rule_id, "bad")
+    assert paths, f"no bad_{rule_id}*.py fixture"
+    for path in paths:
+        want = expected(path.read_text())
+        assert any(r == rule_id for _, r in want), f"{path.name} expects no {rule_id}"
+        got = findings_of(path, rule_id, {r for _, r in want})
+        assert got == want, f"{path.name}: missing {sorted(want - got)}, unexpected {sorted(got - want)}"
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_good_fixture_is_clean(rule_id):
+    paths = fixtures_for(rule_id, "good")
+    assert paths, f"no good_{rule_id}*.py fixture"
+    for path in paths:
+        got = findings_of(path, rule_id, set())
+        assert got == set(), f"{path.name}: unexpected {sorted(got)}"
+
+
+def test_catalogue_is_complete_and_documented():
+    assert RULE_IDS == [f"AMP{n}" for n in range(101, 125)]
+    assert len(set(RULE_IDS)) == len(RULE_IDS)
+    names = [r.name for r in all_rules()]
+    assert len(set(names)) == len(names)
+    for r in all_rules():
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", r.name), r.name
+        assert r.severity in {"error", "warning", "info"}
+        for attr in ("summary", "why", "example_bad", "example_good", "fix"):
+            assert len(getattr(r, attr).strip()) > 10, (r.id, attr)
+        text = explain_rule(r.id)
+        assert r.id in text and "Why it matters" in text and r.example_good.strip() in text
+        assert get_rule(r.id.lower()) is r
+
+
+def test_severities_match_the_issue_table():
+    errors = {"AMP101", "AMP103", "AMP109", "AMP111", "AMP112", "AMP113", "AMP115", "AMP116"}
+    infos = {"AMP119", "AMP120", "AMP121", "AMP122", "AMP123"}
+    for r in all_rules():
+        want = "error" if r.id in errors else "info" if r.id in infos else "warning"
+        assert r.severity == want, r.id
+
+
+def test_examples_in_docs_behave():
+    """The catalogue's own bad example is flagged by its rule (where it stands alone as a snippet)."""
+    standalone = {"AMP101", "AMP104", "AMP106", "AMP112", "AMP113", "AMP114", "AMP116", "AMP118", "AMP121"}
+    for r in all_rules():
+        if r.id in standalone:
+            rules = {f.rule for f in lint_text("import torch\n" + r.example_bad).findings}
+            assert r.id in rules, r.id
