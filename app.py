@@ -15,7 +15,7 @@ _WORKER = __name__ == "__mp_main__"
 if not _WORKER:
     import gradio as gr
 
-    from troubleshooter.ui import api, diagnose, host, specinput, speedup
+    from troubleshooter.ui import api, check, diagnose, host, specinput, speedup
     from troubleshooter.ui.glue import api_event, page_event
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
@@ -120,6 +120,43 @@ def _speedup_tab() -> None:
               outputs, **GPU_QUEUE, **PAGE)
 
 
+def _check_tab() -> None:
+    gr.Markdown("Runs your model for a few steps on this host and reports what mixed precision will do to it.")
+    with gr.Row():
+        with gr.Column(scale=2):
+            model = _model_picker("check", weights=True)
+            with gr.Row():
+                device = _device_picker("check")
+                steps = gr.Number(20, precision=0, minimum=1, maximum=check.MAX_UI_STEPS,
+                                  label="Steps (skip-rate probe)", elem_id="check-steps")
+            checks = gr.CheckboxGroup([(check.CHECK_LABELS[c], c) for c in check.CHECK_NAMES],
+                                      value=list(check.CHECK_NAMES), label="Checks", elem_id="check-checks")
+            run = gr.Button("Run checks", variant="primary", elem_id="check-run")
+            with gr.Accordion("Inspect a checkpoint", open=False):
+                ckpt = gr.File(label="Checkpoint (.pt/.pth/.bin/.ckpt/.safetensors); loaded without running code",
+                               file_types=list(check.CHECKPOINT_KINDS), elem_id="check-ckpt")
+                inspect_btn = gr.Button("Inspect", elem_id="check-inspect")
+                inspect_md = gr.Markdown(elem_id="check-inspect-result")
+                inspect_json = gr.JSON(label="Checkpoint report", open=False)
+        with gr.Column(scale=3):
+            status = gr.Markdown(elem_id="check-status", elem_classes=["status-box"])
+            capability = gr.Markdown(elem_id="check-capability")
+            findings = gr.Markdown(elem_id="check-findings")
+            align = gr.Dataframe(headers=check.ALIGN_HEADERS, label="Tensor-core alignment (padded sizes)",
+                                 interactive=False, wrap=True, elem_id="check-alignment")
+            skip_md = gr.Markdown(elem_id="check-skiprate")
+            skip_plot = gr.Plot(label="Loss scale per step (skipped steps marked)", elem_id="check-skiprate-plot")
+            nan_md = gr.Markdown(elem_id="check-nan")
+            head_md = gr.Markdown(elem_id="check-headroom")
+            head_rows = gr.Dataframe(headers=check.HEADROOM_HEADERS, label="Activation headroom in fp16",
+                                     interactive=False, elem_id="check-headroom-table")
+            json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="check-json")
+    outputs = [status, capability, findings, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
+    run.click(page_event(check.ui_check, len(outputs)), [*model, device, checks, steps], outputs,
+              **GPU_QUEUE, **PAGE)
+    inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json], **FAST, **PAGE)
+
+
 def _safe(fn, default):
     """Build-time data (rule list, presets) must not keep the page from starting."""
     try:
@@ -150,6 +187,17 @@ def _api_endpoints() -> None:
                                    [preset, yaml_text, spec_file, device, precisions, budget, compile_],
                                    [result, png], api_name="speedup", **GPU_QUEUE)
 
+        weights_file, checks, steps = gr.File(label="weights_file"), gr.Textbox(label="checks"), gr.Number(label="steps")
+        skip_png = gr.File(label="skiprate.png")
+        gr.Button("check").click(api_event(check.api_check),
+                                 [preset, yaml_text, spec_file, weights_file, device, checks, steps],
+                                 [result, skip_png], api_name="check", **GPU_QUEUE)
+        ckpt, ckpt_report = gr.File(label="checkpoint"), gr.JSON(label="report")
+        gr.Button("inspect").click(api_event(check.inspect_upload), [ckpt], [ckpt_report], api_name="inspect", **FAST)
+        cap = gr.JSON(label="capability")
+        gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
+                                      **GPU_QUEUE)
+
 
 def build_demo() -> gr.Blocks:
     info = host.host_info()
@@ -159,6 +207,8 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab("Diagnose a script", id="diagnose"):
                 _diagnose_tab()
+            with gr.Tab("Check a model", id="check"):
+                _check_tab()
             with gr.Tab("Speedup check", id="speedup"):
                 _speedup_tab()
         _api_endpoints()
