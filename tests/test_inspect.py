@@ -1,0 +1,129 @@
+"""Checkpoint inspection: layouts, half-only weights, scaler state, refusals of non-checkpoints."""
+import json
+
+import pytest
+import torch
+
+from troubleshooter.cli import main
+from troubleshooter.engine.inspect_checkpoint import inspect_checkpoint
+from troubleshooter.errors import UserError
+from troubleshooter.findings import Severity
+
+
+def trained(half=False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    if half:
+        model.half()
+    return model, opt, sched
+
+
+def rules(report, severity=None):
+    return sorted(f.rule for f in report.findings if severity is None or f.severity is severity)
+
+
+def save(tmp_path, obj, name="ckpt.pt"):
+    path = tmp_path / name
+    torch.save(obj, path)
+    return path
+
+
+def test_complete_fp16_checkpoint_is_clean(tmp_path):
+    model, opt, sched = trained()
+    scaler = torch.amp.GradScaler("cpu")
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+                           "scheduler": sched.state_dict(), "iter_num": 100, "config": {"dtype": "float16"}})
+    r = inspect_checkpoint(path)
+    d = r.to_dict()
+    assert d["layout"] == "training_checkpoint" and r.findings == []
+    assert d["models"][0]["key"] == "model" and d["models"][0]["half_only"] is False
+    assert d["scaler"]["scale"] == 65536.0 and d["scheduler"]["present"] and d["step"] == {"key": "iter_num", "value": 100}
+    assert d["optimizer"]["state_keys"] == ["exp_avg", "exp_avg_sq", "step"]
+    assert d["precision_evidence"] == "fp16"
+    json.dumps(d)
+
+
+def test_half_only_training_checkpoint(tmp_path):
+    model, opt, sched = trained(half=True)
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                           "step": 5})
+    r = inspect_checkpoint(path)
+    assert rules(r, Severity.WARNING) == ["AMP110", "AMP124"]
+    assert r.to_dict()["models"][0]["half_only"] and r.to_dict()["models"][0]["dtypes"]["float16"]["tensors"] == 8
+    assert r.to_dict()["models"][0]["dtypes"]["int64"]["tensors"] == 1  # num_batches_tracked
+
+
+def test_bare_half_state_dict_is_info_only(tmp_path):
+    model, _, _ = trained(half=True)
+    r = inspect_checkpoint(save(tmp_path, model.state_dict()))
+    assert r.to_dict()["layout"] == "state_dict" and rules(r) == ["AMP124"]
+    assert r.findings[0].severity is Severity.INFO
+    assert any("weights only" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"amp": True}, ["AMP110"]),  # an amp flag and no scaler state: warning
+    ({"args": {"mixed_precision": "fp16"}}, ["AMP110"]),  # nested settings count
+    ({"config": {"dtype": "bfloat16"}}, []),  # bf16 needs no scaler
+    ({}, []),  # no evidence: info only
+])
+def test_missing_scaler_state(tmp_path, extra, expected):
+    model, opt, sched = trained()
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "scheduler": sched.state_dict(), "epoch": 3, **extra})
+    assert rules(inspect_checkpoint(path), Severity.WARNING) == expected
+
+
+def test_low_scale_and_nested_lightning_layout(tmp_path):
+    model, opt, sched = trained()
+    scaler = torch.amp.GradScaler("cpu", init_scale=0.25)
+    path = save(tmp_path, {"state": {"state_dict": model.state_dict(), "optimizer_states": [opt.state_dict()],
+                                     "lr_schedulers": [sched.state_dict()],
+                                     "native_amp_scaling_state": scaler.state_dict()},
+                           "global_step": 7})
+    r = inspect_checkpoint(path)
+    d = r.to_dict()
+    assert d["optimizer"]["key"] == "state.optimizer_states.0" and d["scaler"]["scale"] == 0.25
+    assert d["models"][0]["key"] == "state.state_dict"
+    (f,) = r.findings
+    assert f.rule == "AMP202" and f.severity is Severity.WARNING and f.data["scale"] == 0.25
+
+
+def test_disabled_scaler_counts_as_present(tmp_path):
+    model, opt, sched = trained()
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                           "scaler": torch.amp.GradScaler("cpu", enabled=False).state_dict(), "amp": True})
+    r = inspect_checkpoint(path)
+    assert r.to_dict()["scaler"]["present"] and r.findings == []
+
+
+def test_refuses_pickled_code_and_non_checkpoints(tmp_path):
+    model, _, _ = trained()
+    with pytest.raises(UserError, match="refused: .* needs code to be unpickled"):
+        inspect_checkpoint(save(tmp_path, model, "module.pt"))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(UserError, match="not a PyTorch checkpoint"):
+        inspect_checkpoint(tmp_path / "notes.txt")
+    with pytest.raises(UserError, match="single tensor"):
+        inspect_checkpoint(save(tmp_path, torch.zeros(3), "t.pt"))
+    with pytest.raises(UserError, match="no tensors"):
+        inspect_checkpoint(save(tmp_path, {"a": 1}, "d.pt"))
+    with pytest.raises(UserError, match="not found"):
+        inspect_checkpoint(tmp_path / "missing.pt")
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    model, opt, sched = trained(half=True)
+    bad = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict()})
+    assert main(["inspect", str(bad), "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["findings"]
+    good = save(tmp_path, trained()[0].state_dict(), "good.pt")
+    assert main(["inspect", str(good)]) == 0
+    assert "state dict" in capsys.readouterr().out
+    (tmp_path / "x.pt").write_bytes(b"\x00\x01garbage")
+    assert main(["inspect", str(tmp_path / "x.pt")]) == 2
+    assert "not a PyTorch checkpoint" in capsys.readouterr().err
