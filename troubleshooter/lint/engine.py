@@ -15,6 +15,14 @@ from .source import LintError, SourceUnit, iter_inputs
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
 
+_LINE_REF = re.compile(r"\bline (\d+)\b")
+
+
+def _cell_ref(unit: SourceUnit, line: int) -> str:
+    cell, inner = unit.locate(line)
+    return f"cell {cell} line {inner}" if cell is not None else f"line {line}"
+
+
 @dataclass
 class LintReport:
     findings: list[Finding] = field(default_factory=list)
@@ -106,8 +114,11 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):
                 continue
             cell, line = unit.locate(h.line)
+            message = h.message
+            if unit.cell_map is not None:  # "line 12" in a message means a line of the joined cells
+                message = _LINE_REF.sub(lambda mt: _cell_ref(unit, int(mt.group(1))), message)
             report.findings.append(Finding(
-                rule=rule.id, name=rule.name, severity=rule.severity, message=h.message,
+                rule=rule.id, name=rule.name, severity=rule.severity, message=message,
                 suggestion=h.suggestion or rule.fix,
                 location=Location(path=unit.path, line=line, column=h.col, cell=cell), data=dict(h.data)))
     report.findings.sort(key=sort_key)

@@ -88,7 +88,14 @@ def divides_by(m: FileModel, count: ast.AST | None) -> bool:
 
 
 def scaler_key_for(scope: Scope, m: FileModel) -> str:
+    """Source text of the scaler this scope uses (`scaler`, `self.grad_scaler`)."""
     for e in scope.events:
-        if e.recv and m.is_scaler(e.recv) and isinstance(e.node, ast.Call) and isinstance(e.node.func, ast.Attribute):
+        if e.kind in ("scaler_step", "update", "unscale", "scale") and not e.via_call \
+                and isinstance(e.node, ast.Call) and isinstance(e.node.func, ast.Attribute):
             return text(e.node.func.value)
+    for e in scope.events:
+        if e.kind == BACKWARD and e.scaled and isinstance(e.arg, ast.AST):
+            scale_call = e.node.func.value if isinstance(e.node.func, ast.Attribute) else None
+            if isinstance(scale_call, ast.Call) and isinstance(scale_call.func, ast.Attribute):
+                return text(scale_call.func.value)
     return "scaler"

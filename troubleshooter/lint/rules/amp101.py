@@ -45,8 +45,9 @@ scaler.update()
                 if any(e.kind in (UNSCALE, SCALER_STEP) and b.order < e.order < c.order for e in s.events):
                     continue
                 scaler = scaler_key_for(s, m)
-                opt = optimizer_text(s) or "optimizer"
+                known = optimizer_text(s)
+                opt = known or "optimizer"
                 yield Hit.at(c.node, f"gradients are clipped while still scaled (scaled backward on line {b.line}, "
                                      f"no `{scaler}.unscale_(...)` before this clip)",
                              f"add `{scaler}.unscale_({opt})` on the line before the clip",
-                             scaler=scaler, optimizer=opt)
+                             scaler=scaler, optimizer=opt, optimizer_known=known)
