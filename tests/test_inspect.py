@@ -127,3 +127,16 @@ def test_cli_exit_codes(tmp_path, capsys):
     (tmp_path / "x.pt").write_bytes(b"\x00\x01garbage")
     assert main(["inspect", str(tmp_path / "x.pt")]) == 2
     assert "not a PyTorch checkpoint" in capsys.readouterr().err
+
+
+def test_safetensors_header_is_read_without_loading(tmp_path):
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "w": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]},
+                         "b": {"dtype": "BF16", "shape": [4], "data_offsets": [32, 40]}}).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(40))
+    r = inspect_checkpoint(path)
+    d = r.to_dict()
+    assert d["format"] == "safetensors" and d["layout"] == "state_dict"
+    assert d["models"][0]["dtypes"] == {"bfloat16": {"tensors": 2, "elements": 20}}
+    assert rules(r) == ["AMP124"] and r.findings[0].severity is Severity.INFO

@@ -103,14 +103,15 @@ def _load(path: str) -> tuple[Any, str]:
         raise UserError(f"{path} is a directory; give a checkpoint file (e.g. ckpt.pt). Sharded/distributed "
                         "checkpoint folders are not supported")
     with open(path, "rb") as fh:
-        head = fh.read(4)
+        head = fh.read(9)
+    if _looks_like_safetensors(head):
+        return _read_safetensors(path), "safetensors"
     if head[:2] == b"PK" and zipfile.is_zipfile(path):
         fmt = "zip"
     elif head[:1] == b"\x80":
         fmt = "legacy"
     else:
-        raise UserError(f"{path} is not a PyTorch checkpoint (not a torch.save file"
-                        + (": safetensors files are not supported" if path.endswith(".safetensors") else "") + ")")
+        raise UserError(f"{path} is not a PyTorch checkpoint (neither a torch.save file nor safetensors)")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(fmt == "zip"))
     except pickle.UnpicklingError as exc:
@@ -126,6 +127,38 @@ def _load(path: str) -> tuple[Any, str]:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"{path} could not be read as a PyTorch checkpoint: {first}") from None
     return obj, fmt
+
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def _looks_like_safetensors(head: bytes) -> bool:
+    """safetensors: an 8-byte little-endian header length, then a JSON header starting with '{'."""
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < 100_000_000
+
+
+def _read_safetensors(path: str) -> dict:
+    """The tensors as empty `meta` tensors of the right dtype and shape: the header is all we need,
+    and reading it runs nothing."""
+    import json
+
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        try:
+            header = json.loads(fh.read(size))
+        except (ValueError, UnicodeDecodeError):
+            raise UserError(f"{path}: the safetensors header is not valid JSON") from None
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, dict):
+            continue
+        dtype = _ST_DTYPES.get(str(info.get("dtype")))
+        if dtype is None:
+            raise UserError(f"{path}: tensor {name} has an unknown safetensors dtype {info.get('dtype')!r}")
+        out[name] = torch.empty(tuple(info.get("shape") or ()), dtype=dtype, device="meta")
+    return out
 
 
 # --- walking the structure ----------------------------------------------------------------------
