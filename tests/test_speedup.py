@@ -167,3 +167,23 @@ def test_text_report_names_the_cpu_and_every_precision(result):
     assert "CPU numbers" in text and "tf32: unavailable" in text and "Verdict:" in text
     for p in ("fp32", "fp16", "bf16"):
         assert any(line.startswith(p) for line in text.splitlines())
+
+
+def test_compile_failure_is_reported_per_precision(monkeypatch):
+    calls = []
+
+    def fake_compile(model):
+        calls.append(model)
+        if len(calls) == 2:  # the second precision's compile fails, the first one's works
+
+            def broken(*args):
+                raise RuntimeError("inductor compile boom")
+
+            return broken
+        return model
+
+    monkeypatch.setattr(sp.torch, "compile", fake_compile)
+    res = run_speedup(tiny(), device="cpu", precisions="fp32,bf16,fp16", budget_s=0.5, compile=True)
+    assert len(calls) == 3 and res["settings"]["compile"] is True
+    assert res["errors"]["bf16"].startswith("torch.compile failed") and "--compile" in res["errors"]["bf16"]
+    assert set(res["results"]) == {"fp32", "fp16"}

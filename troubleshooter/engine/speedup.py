@@ -10,8 +10,6 @@ the machine (clocks, other processes) hits all of them alike, until every precis
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
 from typing import Any, Callable, Sequence
 
@@ -20,10 +18,11 @@ import torch
 from .. import hardware
 from ..errors import UserError
 from ..workload import Workload
+from . import cpu_features
 from . import precision as prec
 from .timing import StepTimer, summarize
 from .training_step import build, is_oom, release, training_step
-from .verdict import Verdict, make_verdict
+from .verdict import make_verdict
 
 DEFAULT_BUDGET_S = 60.0
 TARGET_SPREAD = 0.03  # stop sampling once every precision's IQR/median is below this ...
@@ -36,27 +35,9 @@ WARMUP_SHARE = 0.4  # share of the budget the warm-up of all precisions may take
 N_BATCHES = 4  # distinct synthetic batches, cycled, the same for every precision
 
 ProgressFn = Callable[[float, str], None]
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
 
 
 # ---------------------------------------------------------------- the device
-
-
-def _cpu_flags() -> tuple[str, dict[str, bool]]:
-    """CPU model name and the instruction-set flags that decide whether fp16/bf16 math is native."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and name in ("", platform.machine(), platform.processor()):
-                    name = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return name or "unknown CPU", {f: f in flags for f in _CPU_FLAGS}
 
 
 def describe_device(device: torch.device) -> dict[str, Any]:
@@ -76,10 +57,11 @@ def describe_device(device: torch.device) -> dict[str, Any]:
         info["summary"] = (f"{name} · sm_{cc[0]}{cc[1]} ({arch.name}) · bf16 {'✓' if arch.bf16 else '✗'} "
                            f"fp16 tensor cores {'✓' if arch.fp16_tensor_cores else '✗'} tf32 {'✓' if arch.tf32 else '✗'}")
         return info
-    name, flags = _cpu_flags()
-    bf16 = flags["avx512_bf16"] or flags["amx_bf16"]
-    fp16 = flags["avx512_fp16"] or flags["amx_fp16"]
-    cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else None
+    cpu = cpu_features.cpu_features()
+    name, flags = cpu.get("model") or cpu.get("machine") or "unknown CPU", cpu["flags"]
+    bf16 = any(flags.get(f) for f in cpu_features.BF16_FLAGS)
+    fp16 = any(flags.get(f) for f in cpu_features.FP16_FLAGS)
+    cap = cpu_features.torch_cpu_capability()
     info.update(
         name=name, cpu_features=flags, cpu_capability=cap, threads=torch.get_num_threads(),
         tensor_cores=False, bf16_native=bf16, fp16_native=fp16, tf32=False, cpu_numbers=True,
@@ -90,7 +72,7 @@ def describe_device(device: torch.device) -> dict[str, Any]:
     if device.type == "mps":
         info.update(name="Apple GPU (MPS)", cpu_numbers=False, cpu_features=None,
                     note="MPS numbers: Apple GPU through Metal")
-    shown = " ".join(f"{k} {'✓' if v else '✗'}" for k, v in flags.items())
+    shown = " ".join(f"{k} {'✓' if v else ('?' if v is None else '✗')}" for k, v in flags.items())
     info["summary"] = f"CPU (no GPU) · {name} · {torch.get_num_threads()} threads · {shown}"
     return info
 
@@ -266,16 +248,14 @@ def run_speedup(
     warmup_fixed = False
     for i, p in enumerate(available):
         _emit(progress, 0.3 * i / max(1, len(available)), f"warming up {p}" + (" (compiling)" if compile else ""))
-        runner = None
         try:
-            runner, n = _prepare(workload, p, dev, seed, compile, batches, warmup_steps, warmup_fixed,
-                                 budget_s * WARMUP_SHARE / max(1, len(available)))
-            runners[p] = runner
+            runners[p], n = _prepare(workload, p, dev, seed, compile, batches, warmup_steps, warmup_fixed,
+                                     budget_s * WARMUP_SHARE / max(1, len(available)))
             warmup_steps, warmup_fixed = n, True  # later precisions take exactly as many steps
         except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
             errors[p] = _error_text(exc, compile)
-            runner = None
-            release(dev)
+        if p in errors:
+            release(dev)  # outside the except block: its traceback no longer pins the failed model
 
     warmup_s = time.perf_counter() - t_start
 
@@ -357,7 +337,8 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, shar
     runner = _Runner(workload, p, dev, seed, compile)
     spent, n = 0.0, 0
     while n < warmup_steps:
-        spent += runner.warm_up_step(batches[n % len(batches)])
+        seconds = runner.warm_up_step(batches[n % len(batches)])
+        spent += seconds if n else 0.0  # the first step carries one-time costs (compiling, init)
         n += 1
         if not fixed and n >= 2 and spent > share_s:
             break
@@ -398,6 +379,7 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
                 samples[p].extend(timers[p].collect())
             except Exception as exc:  # noqa: BLE001
                 errors[p] = _error_text(exc, False)
+            if p in errors:
                 del runners[p], samples[p]
                 release(dev)
         rounds += 1

@@ -147,10 +147,14 @@ def _prefer_bf16_note(medians, best, device_type, bf16_native, cpu_features) -> 
     return None
 
 
+def _mark(value: bool | None) -> str:
+    return "✓" if value else ("?" if value is None else "✗")
+
+
 def _cpu_feature_text(cpu_features: Mapping[str, bool] | None) -> str:
     if not cpu_features:
         return "unknown CPU features"
-    return ", ".join(f"{k} {'✓' if cpu_features.get(k) else '✗'}" for k in _CPU_MATRIX_FEATURES)
+    return ", ".join(f"{k} {_mark(cpu_features.get(k))}" for k in _CPU_MATRIX_FEATURES)
 
 
 def _low_speedup_reasons(medians, *, device_type, device_name, cpu_features, tensor_cores,
