@@ -60,10 +60,18 @@ def test_v100_bf16_emulation_is_not_trusted():
 
 def test_pascal_has_no_fast_half_precision():
     r = report_from_profile(gpu("NVIDIA GeForce GTX 1080 Ti", "6.1", native=False))
-    assert r.recommended_precision == "fp32"
+    assert r.recommended_precision == "fp32" and has_problems(r.findings)
     (f,) = [f for f in r.findings if f.rule == "AMP208"]
     assert f.severity is Severity.WARNING and f.name == "no-fast-half-precision"
-    assert any("not in the GPU table" in n for n in r.notes)
+    assert "slow fp16" in f.message
+    unknown = report_from_profile(gpu("Quadro P9999", "6.1", native=False))
+    assert unknown.recommended_precision == "fp32" and any("not in the GPU table" in n for n in unknown.notes)
+
+
+def test_p100_fp16_without_tensor_cores():
+    r = report_from_profile(gpu("Tesla P100-PCIE-16GB", "6.0", native=False))
+    assert r.recommended_precision == "fp16" and "2x" in r.reason
+    assert not has_problems(r.findings) and {f.rule for f in r.findings} == {"AMP207", "AMP208"}
 
 
 def test_tf32_note_on_ampere_only_when_off():

@@ -168,18 +168,33 @@ def _cuda_report(p: dict) -> CapabilityReport:
             "train in fp16 with torch.amp.GradScaler, or use an Ampere or newer GPU (sm_80+) for bf16",
             "bf16", device, compute_capability=cc_text))
     else:
-        precision = "fp32"
-        reason = (f"{arch.name} (sm_{cc[0]}{cc[1]}) has no tensor cores: fp16 and bf16 bring little or no "
-                  "speed here, only memory savings; stay in fp32 unless memory is the limit.")
+        peak = gpu.peak_tflops if gpu else {}
+        fast_fp16 = bool(peak.get("fp16") and peak.get("fp32") and peak["fp16"] >= 1.5 * peak["fp32"])
         findings.append(_finding(
             AMP207, Severity.INFO, f"{name} (sm_{cc[0]}{cc[1]}) has no native bfloat16",
-            "use fp32 here, or a GPU of sm_80 or newer for bf16", "bf16", device, compute_capability=cc_text))
-        findings.append(_finding(
-            AMP208, Severity.WARNING,
-            f"{name} (sm_{cc[0]}{cc[1]}, {arch.name}) has no tensor cores: mixed precision will not speed up "
-            "training here",
-            "stay in fp32 (use fp16 autocast only to save memory), or use a Volta or newer GPU (sm_70+)",
-            "fp16", device, compute_capability=cc_text))
+            "use fp16 or fp32 here, or a GPU of sm_80 or newer for bf16", "bf16", device,
+            compute_capability=cc_text))
+        if fast_fp16:
+            precision = "fp16"
+            reason = (f"{name} has no tensor cores but runs fp16 at {peak['fp16'] / peak['fp32']:.0f}x its fp32 "
+                      "rate: fp16 autocast with a GradScaler gives a modest speed-up and halves activation memory.")
+            findings.append(_finding(
+                AMP208, Severity.INFO,
+                f"{name} (sm_{cc[0]}{cc[1]}, {arch.name}) has no tensor cores: fp16 is at most "
+                f"{peak['fp16'] / peak['fp32']:.0f}x faster than fp32, far from the 8-16x of tensor-core GPUs",
+                "expect a modest speed-up; measure it with `python -m troubleshooter speedup`",
+                "fp16", device, compute_capability=cc_text))
+        else:
+            precision = "fp32"
+            reason = (f"{arch.name} (sm_{cc[0]}{cc[1]}) has no tensor cores: fp16 and bf16 bring no speed "
+                      "here, only memory savings; stay in fp32 unless memory is the limit.")
+            findings.append(_finding(
+                AMP208, Severity.WARNING,
+                f"{name} (sm_{cc[0]}{cc[1]}, {arch.name}) has no tensor cores"
+                + (" and slow fp16 arithmetic" if peak.get("fp16") else "")
+                + ": mixed precision will not speed up training here",
+                "stay in fp32 (use fp16 autocast only to save memory), or use a Volta or newer GPU (sm_70+)",
+                "fp16", device, compute_capability=cc_text))
     tf = facts["tf32_settings"]
     if arch.tf32 and tf and not tf.get("matmul_allow_tf32") and tf.get("float32_matmul_precision") == "highest":
         notes.append("TF32 is off for fp32 matmuls (PyTorch's default); torch.backends.cuda.matmul.allow_tf32 "
