@@ -54,14 +54,15 @@ def decode_bytes(data: bytes, path: str) -> str:
         raise ValueError("binary file (contains NUL bytes), not Python source")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    except SyntaxError as exc:
-        raise ValueError(f"cannot determine the text encoding: {exc}") from None
+    except SyntaxError:
+        encoding = "utf-8"  # invalid bytes in the first two lines: report them below
     try:
         return data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:
         pos = getattr(exc, "start", None)
         where = f" at byte {pos}" if pos is not None else ""
-        raise ValueError(f"not valid {encoding} text{where}: save the file as UTF-8") from None
+        raise ValueError(f"not valid {encoding.upper()} text{where}: save the file as UTF-8 "
+                         "(or declare its encoding with a `# -*- coding: ... -*-` line)") from None
 
 
 def _strip_magics(lines: list[str]) -> list[str] | None:

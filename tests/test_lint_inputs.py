@@ -1,0 +1,90 @@
+"""Bad input never raises: each unreadable path becomes an `errors` entry, exit 2, others still linted."""
+import json
+import time
+
+from troubleshooter.lint import lint_paths, lint_text
+from troubleshooter.lint.source import MAX_BYTES
+
+BAD = "import torch\nscaler = torch.amp.GradScaler('cuda')\nscaler.scale(loss).backward()\noptimizer.step()\n"
+
+
+def _write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(p)
+
+
+def test_each_bad_input_is_an_error_and_the_rest_is_linted(tmp_path):
+    good = _write(tmp_path, "train.py", BAD)
+    nb_no_code = _write(tmp_path, "empty.ipynb", json.dumps({"cells": [{"cell_type": "markdown", "source": "hi"}]}))
+    inputs = {
+        "empty": _write(tmp_path, "empty.py", ""),
+        "binary": _write(tmp_path, "blob.py", b"\x00\x01\x02torch\x00"),
+        "latin1": _write(tmp_path, "latin.py", b"x = '\xe9t\xe9'\n"),
+        "syntax": _write(tmp_path, "broken.py", "import torch\n\ndef f(:\n    pass\n"),
+        "nocode": nb_no_code,
+        "malformed": _write(tmp_path, "bad.ipynb", "{not json"),
+        "nocells": _write(tmp_path, "nocells.ipynb", json.dumps({"metadata": {}})),
+        "missing": str(tmp_path / "nope.py"),
+    }
+    report = lint_paths([*inputs.values(), good])
+    assert report.exit_code == 2
+    by_path = {e.path: e for e in report.errors}
+    assert set(by_path) == set(inputs.values())
+    assert "empty" in by_path[inputs["empty"]].message
+    assert "binary" in by_path[inputs["binary"]].message
+    assert "UTF-8" in by_path[inputs["latin1"]].message or "utf-8" in by_path[inputs["latin1"]].message
+    assert by_path[inputs["syntax"]].line == 3 and "syntax error" in by_path[inputs["syntax"]].message
+    assert "no code cells" in by_path[inputs["nocode"]].message
+    assert "malformed notebook" in by_path[inputs["malformed"]].message
+    assert "malformed notebook" in by_path[inputs["nocells"]].message
+    assert "no such file" in by_path[inputs["missing"]].message
+    assert [f.rule for f in report.findings if f.location.path == good] == ["AMP116"]
+    json.dumps(report.to_dict())  # serialisable
+
+
+def test_coding_declaration_is_honoured(tmp_path):
+    p = _write(tmp_path, "legacy.py", "# -*- coding: latin-1 -*-\nname = '\xe9'\n".encode("latin-1"))
+    assert lint_paths([p]).errors == []
+
+
+def test_big_file_is_refused_quickly(tmp_path):
+    line = "x = torch.randn(8, 8) @ torch.randn(8, 8)  # padding padding padding padding\n"
+    p = _write(tmp_path, "huge.py", "import torch\n" + line * (5 * 1024 * 1024 // len(line)))
+    t0 = time.perf_counter()
+    report = lint_paths([p])
+    assert time.perf_counter() - t0 < 2
+    assert report.exit_code == 2 and "MB" in report.errors[0].message
+    assert MAX_BYTES < 5 * 1024 * 1024
+
+
+def test_syntax_error_in_one_notebook_cell(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "code", "source": ["import torch\n"]},
+        {"cell_type": "code", "source": ["def broken(:\n"]},
+        {"cell_type": "code", "source": ["scaler = torch.amp.GradScaler('cuda')\n", "scaler.scale(loss).backward()\n",
+                                         "optimizer.step()\n"]},
+    ]}
+    report = lint_paths([_write(tmp_path, "nb.ipynb", json.dumps(nb))])
+    assert [(e.cell, e.line) for e in report.errors] == [(2, 1)]
+    assert [(f.rule, f.location.cell, f.location.line) for f in report.findings] == [("AMP116", 3, 3)]
+
+
+def test_directory_recursion_skips_hidden_and_empty_init(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / ".venv").mkdir()
+    _write(tmp_path, "pkg/__init__.py", "")
+    _write(tmp_path, "pkg/train.py", BAD)
+    _write(tmp_path, ".venv/bad.py", BAD)
+    report = lint_paths([str(tmp_path)])
+    assert report.errors == []
+    assert [f.location.path.endswith("pkg/train.py") for f in report.findings] == [True]
+
+
+def test_lint_text_never_raises_on_odd_source():
+    for src in ["", "\n\n", "x = (" * 50 + ")" * 50, "def f():\n    return\n" * 3, "async def f():\n    async with a: await b\n",
+                "match x:\n    case 1:\n        loss.backward()\n", "lambda: 0\n", "class A:\n    scaler = None\n"]:
+        report = lint_text(src)
+        assert report.exit_code in (0, 1, 2)
+    deep = "x = " + "(" * 300 + "1" + ")" * 300 + "\n"
+    assert lint_text(deep).exit_code in (0, 2)
