@@ -1,0 +1,137 @@
+"""The check orchestration and command: JSON contract, exit codes, failures kept per check."""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "check"))
+import check_workloads as cw  # noqa: E402
+
+from troubleshooter.cli import main  # noqa: E402
+from troubleshooter.engine import check  # noqa: E402
+from troubleshooter.errors import UserError  # noqa: E402
+from troubleshooter.findings import Finding, Location  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "check"
+KEYS = {"device", "spec", "findings", "capability", "alignment", "skiprate", "nan", "headroom"}
+
+
+def _cli_json(capsys, *argv):
+    code = main(["check", *argv, "--device", "cpu", "--format", "json"])
+    out = capsys.readouterr().out
+    return code, (json.loads(out) if out.strip() else None)
+
+
+def _seen(result):
+    return {(f["rule"], f["module"], f["precision"]) for f in result["findings"]
+            if f["severity"] in ("warning", "error")}
+
+
+def test_parse_only_orders_and_validates():
+    assert check.parse_only("nan, alignment") == ["alignment", "nan"]
+    assert check.parse_only(None) == list(check.CHECKS)
+    with pytest.raises(UserError, match="unknown check"):
+        check.parse_only("alignment,speed")
+
+
+def test_run_check_contract_with_skipped_checks_and_progress():
+    calls = []
+    r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="alignment,headroom",
+                        steps=3, progress=lambda f, m: calls.append((f, m)))
+    assert KEYS <= set(r)
+    assert r["skiprate"] is None and r["nan"] is None and r["capability"] is None
+    assert r["skipped"]["nan"].startswith("not selected")
+    assert isinstance(r["alignment"], list) and r["headroom"]["first_overflow"] is None
+    assert r["device"]["type"] == "cpu" and r["exit_code"] == 0 and r["errors"] == {}
+    for f in r["findings"]:
+        assert {"rule", "severity", "module", "precision", "message", "suggestion", "data"} <= set(f)
+    fractions = [f for f, _ in calls]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and "alignment" in calls[0][1]
+    json.dumps(r, allow_nan=False)
+
+
+def test_a_failing_check_is_an_error_entry_and_the_others_still_run(monkeypatch):
+    def oom(*a):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def broken(*a):
+        raise RuntimeError("shape mismatch somewhere")
+
+    monkeypatch.setitem(check._RUNNERS, "skiprate", oom)
+    monkeypatch.setitem(check._RUNNERS, "nan", broken)
+    r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate,nan,headroom")
+    assert r["errors"]["skiprate"]["kind"] == "out_of_memory" and r["skiprate"] is None
+    assert r["errors"]["nan"] == {"kind": "failed",
+                                  "message": "the nan check failed: RuntimeError: shape mismatch somewhere"}
+    assert r["headroom"] is not None
+
+
+def test_same_problem_from_two_checks_is_one_finding():
+    a = Finding("AMP202", "fp16-overflow", "error", "nan says", "fix", Location(module="2"), "fp16", {"check": "nan"})
+    b = Finding("AMP202", "fp16-overflow", "error", "headroom says", "fix", Location(module="2"), "fp16",
+                {"check": "headroom"})
+    c = Finding("AMP202", "fp16-overflow", "info", "near", "fix", Location(module="4"), "fp16", {"check": "headroom"})
+    merged = check.merge_findings([a, b, c])
+    assert [(f.location.module, f.data.get("confirmed_by")) for f in merged] == [("2", ["nan", "headroom"]), ("4", None)]
+
+
+def test_nonfinite_numbers_become_strings():
+    assert check.jsonable({"a": float("inf"), "b": [float("nan"), 1.5], "c": (1, -float("inf"))}) == \
+        {"a": "inf", "b": ["nan", 1.5], "c": [1, "-inf"]}
+
+
+def test_misaligned_spec_exits_1_with_findings_at_its_layers(capsys):
+    code, r = _cli_json(capsys, str(FIXTURES / "misaligned.yaml"), "--only", "alignment")
+    assert code == 1 and r["exit_code"] == 1
+    assert {("AMP201", "0", None), ("AMP201", "2", None)} == _seen(r)
+
+
+def test_underflow_spec_is_flagged_for_fp16(capsys):
+    code, r = _cli_json(capsys, str(FIXTURES / "underflow.yaml"), "--only", "headroom")
+    assert code == 1 and {("AMP203", "0", "fp16"), ("AMP203", "2", "fp16")} == _seen(r)
+
+
+@pytest.mark.parametrize("spec", ["clean_mlp.yaml", "clean_cnn.yaml"])
+def test_clean_specs_stay_clean(capsys, spec):
+    code, r = _cli_json(capsys, str(FIXTURES / spec), "--only", "alignment,headroom,skiprate", "--steps", "3")
+    assert code == 0 and _seen(r) == set(), r["findings"]
+
+
+def test_overflow_spec_full_check_finds_fp16_overflow_at_layer_2_only(capsys, tmp_path):
+    shutil.copy(FIXTURES / "overflow.yaml", tmp_path / "overflow.yaml")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
+    with torch.no_grad():
+        model[2].weight.mul_(1e5)
+        model[2].bias.mul_(1e5)
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    code, r = _cli_json(capsys, str(tmp_path / "overflow.yaml"), "--steps", "4", "--seed", "1")
+    assert code == 1
+    seen = _seen(r)
+    assert ("AMP202", "2", "fp16") in seen
+    assert not {s for s in seen if s[2] in ("bf16", "fp32")}  # only float16 breaks
+    assert not {s for s in seen if s[0] == "AMP202" and s[1] != "2"}
+    assert r["skiprate"]["recommendation"]["action"] == "bf16"
+    assert all(r[k] is not None or k in r["errors"] for k in check.CHECKS)
+
+
+def test_bad_input_exits_2(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  layers:\n    - Linaer: [4, 4]\ninput: {shape: [2, 4]}\n")
+    assert main(["check", str(bad), "--device", "cpu"]) == 2
+    assert "Linaer" in capsys.readouterr().err
+    assert main(["check", str(FIXTURES / "clean_mlp.yaml"), "--only", "speed"]) == 2
+    assert main(["check", str(FIXTURES / "clean_mlp.yaml"), "--steps", "0"]) == 2
+
+
+def test_text_report_has_a_section_per_check(capsys):
+    code = main(["check", str(FIXTURES / "misaligned.yaml"), "--device", "cpu", "--only", "alignment,headroom"])
+    out = capsys.readouterr().out
+    assert code == 1
+    for title in ("Findings:", "== Alignment", "== fp16/bf16 headroom", "== fp16 skip rate"):
+        assert title in out
+    assert "skipped: not selected" in out and "253" in out

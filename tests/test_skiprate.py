@@ -1,0 +1,103 @@
+"""AMP204: real fp16 steps with GradScaler; skips read from the public scale only."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "check"))
+import check_workloads as cw  # noqa: E402
+
+from troubleshooter.engine.check import jsonable  # noqa: E402
+from troubleshooter.engine.skiprate import check_skiprate, summarize  # noqa: E402
+from troubleshooter.engine.skiprate_plot import plot_skiprate  # noqa: E402
+
+
+def _series(skips, init=65536.0, loss=1.0):
+    """A made-up per-step series: halve on a skip, keep the scale otherwise."""
+    out, scale, calibrating = [], init, True
+    for i, s in enumerate(skips):
+        after = scale / 2 if s else scale
+        calibrating = calibrating and s
+        out.append({"step": i, "loss": loss, "scale_before": scale, "scale_after": after, "skipped": s,
+                    "phase": "calibration" if calibrating else "training"})
+        scale = after
+    return out
+
+
+def test_no_skips_is_fine():
+    summary, rec = summarize(_series([False] * 10))
+    assert rec["action"] == "fine" and rec["severity"] is None
+    assert summary["skipped"] == 0 and summary["final_scale"] == 65536.0
+
+
+def test_long_calibration_suggests_the_settled_scale():
+    summary, rec = summarize(_series([True] * 5 + [False] * 10))
+    assert summary["skipped_calibration"] == 5 and summary["skipped_after_calibration"] == 0
+    assert rec == {**rec, "action": "lower_init_scale", "severity": "info", "init_scale": 2048.0}
+
+
+def test_persistent_skipping_after_calibration_means_bf16():
+    summary, rec = summarize(_series([True] + [False, True] * 6))
+    assert summary["skipped_calibration"] == 1 and summary["skipped_after_calibration"] == 6
+    assert rec["action"] == "bf16" and rec["severity"] == "warning"
+
+
+def test_a_scale_below_one_means_bf16():
+    _, rec = summarize(_series([True] * 18))
+    assert rec["action"] == "bf16" and rec["severity"] == "error" and "below 1" in rec["reason"]
+
+
+def test_still_calibrating_when_every_step_skipped_above_scale_one():
+    summary, rec = summarize(_series([True] * 4))
+    assert not summary["calibration_ended"]
+    assert rec["action"] == "lower_init_scale" and rec["severity"] == "warning" and rec["init_scale"] == 4096.0
+
+
+def test_non_finite_loss_on_every_step_means_bf16():
+    _, rec = summarize(_series([True] * 4, loss=float("inf")))
+    assert rec["action"] == "bf16" and "forward pass overflows" in rec["reason"]
+
+
+def test_clean_model_trains_without_skips_and_is_reproducible():
+    a = check_skiprate(cw.mlp((32, 64, 10), batch_size=16), steps=4, seed=3)
+    b = check_skiprate(cw.mlp((32, 64, 10), batch_size=16), steps=4, seed=3)
+    assert not a.findings and a.recommendation["action"] == "fine"
+    assert [s["scale_after"] for s in a.steps] == [65536.0] * 4
+    assert [s["loss"] for s in a.steps] == [s["loss"] for s in b.steps]
+    assert a.steps[0]["loss"] != a.steps[1]["loss"]  # a new synthetic batch every step
+    c = check_skiprate(cw.mlp((32, 64, 10), batch_size=16), steps=2, seed=4)
+    assert c.steps[0]["loss"] != a.steps[0]["loss"]
+
+
+def test_overflowing_model_skips_every_step_and_is_told_to_use_bf16():
+    r = check_skiprate(cw.mlp((32, 64, 64, 10), batch_size=16, blow_up={2: 1e6}), steps=5)
+    assert all(s["skipped"] and s["scale_after"] == s["scale_before"] / 2 for s in r.steps)
+    (f,) = r.findings
+    assert f.rule == "AMP204" and f.precision == "fp16" and f.severity.value == "error"
+    assert r.recommendation["action"] == "bf16"
+    d = r.to_dict()
+    assert d["summary"]["nonfinite_losses"] == 5 and len(d["steps"]) == 5
+    json.dumps(jsonable(d), allow_nan=False)
+
+
+def test_steps_must_be_positive():
+    with pytest.raises(ValueError):
+        check_skiprate(cw.mlp(), steps=0)
+
+
+def test_plot_marks_skips_and_calibration():
+    section = {"init_scale": 65536.0, "summary": summarize(_series([True] * 3 + [False] * 3))[0],
+               "recommendation": {"action": "lower_init_scale", "init_scale": 8192.0},
+               "steps": _series([True] * 3 + [False] * 3)}
+    fig = plot_skiprate(jsonable(section))
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and "3/6 steps skipped" in ax.get_title()
+    labels = ax.get_legend_handles_labels()[1]
+    assert any("skipped step (3)" in s for s in labels) and any("calibration (3 steps)" in s for s in labels)
+    empty = plot_skiprate({"steps": []})
+    assert isinstance(empty, Figure)
+    collapsed = {"steps": _series([True] * 20, loss=float("nan"))}
+    assert "scale 1 (no scaling)" in plot_skiprate(jsonable(collapsed)).axes[0].get_legend_handles_labels()[1]
