@@ -22,7 +22,7 @@ def _precision_now(device_type="cpu"):
     return "fp32"
 
 
-def tiny(d=32, batch=16, fail_in=None, calls=None):
+def tiny(d=32, batch=16, fail_in=None, calls=None, flops=True):
     """A 2-layer MLP; `fail_in` makes the loss raise in that precision; `calls` records the order."""
 
     def build():
@@ -41,7 +41,7 @@ def tiny(d=32, batch=16, fail_in=None, calls=None):
 
     return Workload(name="tiny", build_model=build, make_batch=make_batch, loss_fn=loss_fn,
                     make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), batch_size=batch,
-                    flops_per_step=6.0 * batch * (d * 2 * d + 2 * d * 8))
+                    flops_per_step=6.0 * batch * (d * 2 * d + 2 * d * 8) if flops else None)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,14 @@ def test_a_precision_that_fails_is_an_error_and_the_others_still_report():
     assert "deliberate failure in fp16" in res["errors"]["fp16"]
     assert set(res["results"]) == {"fp32", "bf16"}
     assert res["verdict"]["best_precision"] == "bf16"
+
+
+def test_flops_are_estimated_when_the_workload_does_not_know_them():
+    res = run_speedup(tiny(flops=False), device="cpu", precisions="fp32,bf16", budget_s=0.3)
+    exact = 6.0 * 16 * (32 * 64 + 64 * 8)
+    assert res["spec"]["flops_method"].startswith("estimated")
+    assert res["spec"]["flops_per_step"] == pytest.approx(exact, rel=0.05)
+    assert res["results"]["fp32"]["achieved_tflops"] > 0
 
 
 def test_failing_baseline_leaves_no_verdict_but_other_numbers():

@@ -272,10 +272,11 @@ def run_speedup(
 
     results = _results(runners, samples, workload, info, flops)
     spec = {
+        **dict(workload.summary or {}),  # the loader's description first: measured facts win
         "name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len,
         "flops_per_step": flops, "flops_method": flops_method,
         "parameters": first.parameter_count() if first else None,
-        "loss_weight": workload.loss_weight, **dict(workload.summary or {}),
+        "loss_weight": workload.loss_weight,
     }
     fp32_share = results.get("fp32", {}).get("peak_share")
     verdict = make_verdict(
