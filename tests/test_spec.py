@@ -137,6 +137,9 @@ def test_weights_loaded_and_checked(tmp_path):
     model = wl.build_model()
     assert model[0].weight.dtype == torch.float32
     assert torch.allclose(model[0].weight, ref[0].weight, atol=1e-3)
+    # weights saved from a DDP-wrapped model fit too
+    torch.save({"module." + k: v for k, v in ref.state_dict().items()}, tmp_path / "w.pt")
+    assert torch.equal(load_workload(SpecSource.yaml_file(base)).build_model()[2].bias, ref[2].bias)
     # wrong shapes and keys
     torch.save({"0.weight": torch.zeros(3, 3), "9.bias": torch.zeros(2)}, tmp_path / "w.pt")
     problems, _ = problems_of(SpecSource.yaml_file(base))

@@ -14,7 +14,7 @@ from torch import nn
 
 ALLOWED_LAYERS: tuple[str, ...] = (
     # linear and embedding
-    "Linear", "Bilinear", "Identity", "Embedding",
+    "Linear", "Identity", "Embedding",
     # convolution and pooling
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
@@ -42,6 +42,7 @@ _NOT_SEQUENTIAL = {
     "GRU": "it returns a tuple (output, h)",
     "RNN": "it returns a tuple (output, h)",
     "EmbeddingBag": "it needs offsets beside the indices",
+    "Bilinear": "it takes two inputs",
 }
 
 # Keyword arguments that would bypass the engine's own device and dtype handling.

@@ -84,6 +84,16 @@ def _load_state_dict(path: str) -> tuple[dict | None, str | None]:
     return obj, None
 
 
+def _strip_wrapper_prefix(model: nn.Module, state_dict: dict) -> dict:
+    """Weights saved from DataParallel/DDP ('module.') or torch.compile ('_orig_mod.') fit the bare model."""
+    expected = model.state_dict()
+    for prefix in ("module.", "_orig_mod."):
+        if state_dict and all(k.startswith(prefix) for k in state_dict) and \
+                not any(k.startswith(prefix) for k in expected):
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
 def _compare_state_dict(model: nn.Module, state_dict: dict, path: str) -> list[str]:
     expected = model.state_dict()
     problems = []
@@ -132,6 +142,7 @@ def _finish(*, name: str, label: str, build: Callable[[], nn.Module], make_batch
             if problem:
                 problems.append(problem)
             else:
+                state_dict = _strip_wrapper_prefix(meta_model, state_dict)
                 problems += _compare_state_dict(meta_model, state_dict, weights)
     if problems:
         raise SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec",
