@@ -84,3 +84,24 @@ def test_large_offset_regression_loses_precision_in_bf16():
     r = hr.check_headroom(wl)
     f = [f for f in r.findings if f.rule == "AMP210"]
     assert f and f[0].precision == "bf16" and f[0].severity.value == "warning"
+
+
+def test_large_values_from_an_fp32_module_overflow_where_they_are_cast_to_fp16():
+    """Embeddings stay fp32 under autocast: the overflow happens in the Linear that reads them."""
+
+    def build():
+        model = nn.Sequential(nn.Embedding(32, 16), nn.Linear(16, 8))
+        with torch.no_grad():
+            model[0].weight.mul_(1e5)
+            model[1].weight.mul_(0.01)
+        return model
+
+    def batch(n, device, gen):
+        return (torch.randint(0, 32, (n, 4), generator=gen).to(device),), None
+
+    wl = Workload("emb", build, batch, lambda out, target: out.float().pow(2).mean(),
+                  lambda p: torch.optim.SGD(p, lr=0.1), 8)
+    r = hr.check_headroom(wl)
+    act = {a["module"]: a for a in r.activations}
+    assert act["0"]["max_abs"] > 65504 and not act["0"]["fp16_output"]
+    assert r.first_overflow == "1" and ("AMP202", "1", "fp16", "error") in _rules(r)

@@ -101,3 +101,8 @@ def test_plot_marks_skips_and_calibration():
     assert isinstance(empty, Figure)
     collapsed = {"steps": _series([True] * 20, loss=float("nan"))}
     assert "scale 1 (no scaling)" in plot_skiprate(jsonable(collapsed)).axes[0].get_legend_handles_labels()[1]
+
+
+def test_a_model_that_is_nan_in_fp32_is_not_blamed_on_fp16():
+    r = check_skiprate(cw.mlp((16, 32, 10), batch_size=8, blow_up={0: float("nan")}), steps=2)
+    assert r.recommendation["action"] == "fix_model" and not r.findings

@@ -32,6 +32,7 @@ SUBNORMAL_INFO = 0.25
 NEAR_OVERFLOW_BITS = 1.0
 BF16_WARN, BF16_INFO = 0.10, 0.02  # relative error of the loss (or output) against fp32
 GROUP_AFTER = 12
+_CHUNK = 1 << 24
 
 
 @dataclass
@@ -85,8 +86,9 @@ def exponent_histogram(grads: list[torch.Tensor], device: torch.device) -> torch
     """int64 counts of floor(log2|g|) over [-150, 130) for nonzero finite g, plus two extra
     slots: [_BINS] = exact zeros, [_BINS + 1] = non-finite. Exact counts, no sync."""
     hist = torch.zeros(_BINS + 2, dtype=torch.int64, device=device)
-    for g in grads:
-        a = g.detach().abs().float().flatten()
+    chunks = (c for g in grads for c in g.detach().flatten().split(_CHUNK))
+    for c in chunks:  # bounded temporaries (int64 indices) even for an embedding's gradient
+        a = c.abs().float()
         finite = torch.isfinite(a)
         nonzero = a > 0
         exp = torch.floor(torch.log2(torch.where(nonzero & finite, a, torch.ones_like(a))))
@@ -154,8 +156,10 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
     batch = workload.batch(device, seed=seed)
     names = {m: n for n, m in model.named_modules()}
     act: dict[str, list[torch.Tensor]] = {}
+    act_in: dict[str, list[torch.Tensor]] = {}
     order: list[str] = []
     classes: dict[str, str] = {}
+    zero = torch.zeros((), device=device)
 
     def hook(mod, args, out):
         name = names[mod]
@@ -163,10 +167,12 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
         if m is None:
             return
         if name not in act:
-            act[name] = []
+            act[name], act_in[name] = [], []
             order.append(name)
             classes[name] = type(mod).__name__
         act[name].append(m)
+        m_in = _absmax(args)
+        act_in[name].append(zero if m_in is None else m_in)
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
@@ -185,6 +191,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
         grad_max.append(torch.stack(finite_max).amax() if finite_max else zero)
     device_vals: dict[str, Any] = {
         "act": [torch.stack(act[n]).amax() for n in order],
+        "act_in": [torch.stack(act_in[n]).amax() for n in order],
         "grad_hist": torch.stack(grad_hists) if grad_hists else torch.zeros(0, _BINS + 2, device=device),
         "grad_max": torch.stack(grad_max) if grad_max else torch.zeros(0, device=device),
         "loss32": loss32.detach().float(),
@@ -192,8 +199,16 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
     }
     errors: dict[str, str] = {}
     rel: dict[str, dict[str, torch.Tensor | None]] = {}
+    half_out: dict[str, bool] = {}  # module -> its output is float16 under fp16 autocast
+
+    def dtype_hook(mod, args, out):
+        t = _first_output(out)
+        if t is not None:
+            half_out.setdefault(names[mod], t.dtype == torch.float16)
+
     with torch.no_grad():
         for p in ("fp16", "bf16"):
+            handles = [m.register_forward_hook(dtype_hook) for m in model.modules()] if p == "fp16" else []
             try:
                 with prec.autocast(p, device):
                     out_p, loss_p = _seeded_forward(workload, model, batch, seed)
@@ -202,12 +217,15 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
                           "loss_value": loss_p.detach().float()}
             except Exception as exc:  # noqa: BLE001 - an op without a half kernel on this device
                 errors[p] = f"{type(exc).__name__}: {exc}"
+            finally:
+                for h in handles:
+                    h.remove()
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the check
     del model, out32, loss32, batch
     host.update(order=order, classes=classes, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
-                errors=errors)
+                errors=errors, half_out=half_out if "fp16" not in errors else None)
     return host
 
 
@@ -265,10 +283,16 @@ def _fmt(x: float | None) -> str:
 
 def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> HeadroomResult:
     activations = []
-    for name, m in zip(raw["order"], raw["act"]):
+    half_out = raw.get("half_out")
+    for name, m, m_in in zip(raw["order"], raw["act"], raw.get("act_in", raw["act"])):
+        # Under fp16 autocast a module overflows when it computes in float16 and its result
+        # (or the fp32 input it casts down) is past 65504; modules autocast keeps in fp32
+        # (norms, softmax, embeddings) hand their large values on to the next one.
+        in_half = True if half_out is None else half_out.get(name, False)
+        too_big = (math.isfinite(m) and m > FP16_MAX) or (math.isfinite(m_in) and m_in > FP16_MAX)
         activations.append({"module": name, "class": raw["classes"][name], "max_abs": m,
-                            "headroom_bits": _bits(m), "finite": math.isfinite(m),
-                            "overflows_fp16": math.isfinite(m) and m > FP16_MAX})
+                            "input_max_abs": m_in, "headroom_bits": _bits(m), "finite": math.isfinite(m),
+                            "fp16_output": in_half, "overflows_fp16": bool(in_half and too_big)})
     first = next((a for a in activations if a["overflows_fp16"]), None)
     gradients = []
     total_hist = [0] * (_BINS + 2)
@@ -305,9 +329,13 @@ def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
     data = {"check": "headroom"}
     if first is not None:
         others = [a["module"] for a in r.activations if a["overflows_fp16"] and a is not first]
-        msg = (f"{first['class']} '{first['module']}' outputs |x| up to {first['max_abs']:.3g} in the fp32 "
-               f"reference step, beyond float16's 65504 ({first['headroom_bits']:.1f} bits of headroom): "
-               "under fp16 autocast it overflows to inf")
+        if first["max_abs"] > FP16_MAX:
+            what = (f"outputs |x| up to {first['max_abs']:.3g} in the fp32 reference step, beyond "
+                    f"float16's 65504 ({first['headroom_bits']:.1f} bits of headroom)")
+        else:
+            what = (f"receives |x| up to {first['input_max_abs']:.3g} (beyond float16's 65504) and "
+                    "computes in float16")
+        msg = f"{first['class']} '{first['module']}' {what}: under fp16 autocast it overflows to inf"
         if r.input_max_abs is not None and r.input_max_abs > FP16_MAX:
             msg += f" (the input itself reaches {r.input_max_abs:.3g})"
         if others:
@@ -316,8 +344,8 @@ def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
                         "Train in bf16 (same range as fp32), or bring this layer's values down: "
                         "normalise the inputs, add a LayerNorm before it, or shrink its weights.",
                         Location(module=first["module"]), precision="fp16",
-                        data={**data, "max_abs": first["max_abs"], "headroom_bits": first["headroom_bits"],
-                              "also_overflowing": others})]
+                        data={**data, "max_abs": first["max_abs"], "input_max_abs": first["input_max_abs"],
+                              "headroom_bits": first["headroom_bits"], "also_overflowing": others})]
     near = next((a for a in r.activations if a["headroom_bits"] is not None
                  and a["headroom_bits"] < NEAR_OVERFLOW_BITS), None)
     if near is None:

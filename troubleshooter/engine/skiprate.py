@@ -127,6 +127,17 @@ _SUGGESTION = {
 }
 
 
+def _fp32_loss_finite(workload: Workload, device: torch.device, seed: int) -> bool:
+    """The first step's loss in plain fp32, same weights and batch as the fp16 run."""
+    model, _ = build(workload, device, seed)
+    try:
+        with torch.no_grad():
+            loss = workload.loss(model, workload.batch(device, seed=seed * 100003))
+        return bool(torch.isfinite(loss).all())
+    finally:
+        del model
+
+
 def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps: int = 20,
                    seed: int = 0, init_scale: float = DEFAULT_INIT_SCALE) -> SkipRateResult:
     device = torch.device(device)
@@ -134,6 +145,10 @@ def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps
         raise ValueError("steps must be at least 1")
     series = run_steps(workload, device, steps, seed, init_scale)
     summary, rec = summarize(series, init_scale)
+    if summary["nonfinite_losses"] and not _fp32_loss_finite(workload, device, seed):
+        rec = {"action": "fix_model", "severity": None,
+               "reason": "the loss is not finite even in fp32, so this is not a mixed-precision problem: "
+                         "the nan check names the module that produces it"}
     findings = []
     if rec["severity"]:
         scale = rec.get("init_scale") or 1.0
