@@ -31,7 +31,19 @@ def test_preset_trains_one_step(name):
 
 
 def test_all_presets_have_tiny_variants_here():
-    assert set(TINY) == set(list_presets())
+    from troubleshooter.spec.presets import PRESET_NAMES
+
+    assert set(TINY) == set(list_presets()) == set(PRESET_NAMES)
+
+
+def test_cli_helpers_import_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, argparse; from troubleshooter.spec import add_spec_arguments, SpecSource, EXAMPLE_YAML; "
+            "add_spec_arguments(argparse.ArgumentParser()); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_gpt_module_paths_seq_len_and_flops():

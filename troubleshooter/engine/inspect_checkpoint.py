@@ -52,7 +52,7 @@ class InspectReport:
                          f"{m['elements']:,} elements, {_dtypes_text(m['dtypes'])}"
                          + (" — half precision only" if m["half_only"] else ""))
         opt = f["optimizer"]
-        lines.append(f"  optimizer state: " + (f"yes at {opt['key']} ({opt['param_groups']} param group(s), "
+        lines.append("  optimizer state: " + (f"yes at {opt['key']} ({opt['param_groups']} param group(s), "
                                                  f"{_dtypes_text(opt['dtypes']) or 'no tensors'})"
                                                  if opt["present"] else "no"))
         sc = f["scaler"]

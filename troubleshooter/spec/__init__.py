@@ -5,17 +5,27 @@
 
 Bad specs raise one `SpecError` listing every problem; oversized ones are refused before
 anything is allocated (limits: `TROUBLESHOOTER_MAX_PARAMS`, `TROUBLESHOOTER_MAX_MEMORY_GB`).
+The command-line helpers, `SpecSource` and `EXAMPLE_YAML` import without torch, so building
+the CLI parser stays cheap; the loaders import it on first use.
 """
 from .cli_args import add_spec_arguments, source_from_args
-from .estimate import DEFAULT_MAX_MEMORY_GB, DEFAULT_MAX_PARAMS, Limits
 from .example import EXAMPLE_YAML
-from .layers import ALLOWED_LAYERS
-from .loader import load_workload, run_with_workload
 from .presets import list_presets, preset_descriptions
 from .source import SpecSource
 
-__all__ = [
-    "ALLOWED_LAYERS", "DEFAULT_MAX_MEMORY_GB", "DEFAULT_MAX_PARAMS", "EXAMPLE_YAML", "Limits",
-    "SpecSource", "add_spec_arguments", "list_presets", "load_workload", "preset_descriptions",
-    "run_with_workload", "source_from_args",
-]
+_LAZY = {
+    "load_workload": "loader", "run_with_workload": "loader",
+    "Limits": "estimate", "DEFAULT_MAX_PARAMS": "estimate", "DEFAULT_MAX_MEMORY_GB": "estimate",
+    "ALLOWED_LAYERS": "layers",
+}
+
+__all__ = ["SpecSource", "EXAMPLE_YAML", "add_spec_arguments", "list_presets", "preset_descriptions",
+           "source_from_args", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

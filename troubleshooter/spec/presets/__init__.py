@@ -27,6 +27,10 @@ class Preset:
     choices: dict[str, tuple] = field(default_factory=dict)  # allowed values of str parameters
 
 
+# The names, without importing torch (for --help); test_spec_presets checks they match the registry.
+PRESET_NAMES = ("mlp", "cnn", "gpt", "bert", "vit")
+
+
 def _registry() -> dict[str, Preset]:
     from . import cnn, encoder, gpt, mlp
 
