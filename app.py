@@ -171,18 +171,18 @@ def _api_endpoints() -> None:
     with gr.Column(visible=False):
         code = gr.Textbox(label="code")
         file = gr.File(label="file", file_types=[".py", ".ipynb"])
-        report = gr.JSON(label="report")
+        report = gr.Textbox(label="report")
         md, js = gr.File(label="report.md"), gr.File(label="report.json")
         gr.Button("lint").click(api_event(api.lint), [code, file], [report, md, js], api_name="lint", **FAST)
         rule_id = gr.Textbox(label="rule_id")
-        rules_json, rule_md = gr.JSON(label="rules"), gr.Markdown(label="explanation")
+        rules_json, rule_md = gr.Textbox(label="rules"), gr.Textbox(label="explanation")
         gr.Button("rules").click(api_event(api.rules), [rule_id], [rules_json, rule_md], api_name="rules", **FAST)
 
         preset, yaml_text, device = gr.Textbox(label="preset"), gr.Textbox(label="yaml_text"), gr.Textbox(label="device")
         spec_file = gr.File(label="spec_file", file_types=list(specinput.SPEC_KINDS))
         precisions, budget = gr.Textbox(label="precisions"), gr.Number(label="budget_s")
         compile_ = gr.Checkbox(label="compile")
-        result, png = gr.JSON(label="result"), gr.File(label="plot.png")
+        result, png = gr.Textbox(label="result"), gr.File(label="plot.png")
         gr.Button("speedup").click(api_event(speedup.api_speedup),
                                    [preset, yaml_text, spec_file, device, precisions, budget, compile_],
                                    [result, png], api_name="speedup", **GPU_QUEUE)
@@ -192,9 +192,9 @@ def _api_endpoints() -> None:
         gr.Button("check").click(api_event(check.api_check),
                                  [preset, yaml_text, spec_file, weights_file, device, checks, steps],
                                  [result, skip_png], api_name="check", **GPU_QUEUE)
-        ckpt, ckpt_report = gr.File(label="checkpoint"), gr.JSON(label="report")
+        ckpt, ckpt_report = gr.File(label="checkpoint"), gr.Textbox(label="report")
         gr.Button("inspect").click(api_event(check.inspect_upload), [ckpt], [ckpt_report], api_name="inspect", **FAST)
-        cap = gr.JSON(label="capability")
+        cap = gr.Textbox(label="capability")
         gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
                                       **GPU_QUEUE)
 

@@ -1,6 +1,8 @@
 """Check tab: run the diagnostics on a model in a worker; inspect a checkpoint; probe the device."""
 from __future__ import annotations
 
+import copy
+import functools
 import json
 
 from ..errors import UserError
@@ -44,6 +46,7 @@ def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=Non
     from ..engine.check import check_source
 
     only, n = _only(checks), _steps(steps)
+    specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
     kwargs = dict(device=device or "auto", only=only, steps=n)
     if specinput.is_python(source):
@@ -78,9 +81,14 @@ def capability_card(result: dict) -> str:
     if cap.get("recommended_precision"):
         lines.append(f"Recommended precision: **{cap['recommended_precision']}**"
                      + (f" — {cap['reason']}" if cap.get("reason") else ""))
-    facts = {k: v for k, v in cap.items()
-             if k not in ("summary_line", "summary", "recommended_precision", "reason", "findings")
-             and isinstance(v, (str, int, float, bool)) and v is not None}
+    facts = {}
+    for k, v in cap.items():
+        if k in ("summary_line", "summary", "recommended_precision", "reason", "findings"):
+            continue
+        items = v.items() if isinstance(v, dict) else [("", v)]
+        for sub, val in items:
+            if isinstance(val, (str, int, float, bool)) and val is not None:
+                facts[f"{k} {sub}".strip()] = val
     if facts:
         lines += ["", "| | |", "| --- | --- |"] + [f"| {common.md_cell(k)} | {common.md_cell(common.fmt_num(v))} |"
                                                     for k, v in facts.items()]
@@ -225,20 +233,16 @@ def api_check(preset: str = "", yaml_text: str = "", spec_file: str | None = Non
 # ---------------------------------------------------------------- checkpoint and device
 
 
-def inspect_in_child(path: str) -> dict:
-    """Runs in a worker: loading a checkpoint can take all memory; the server must not."""
-    from ..engine.inspect_checkpoint import inspect_checkpoint
-
-    return inspect_checkpoint(path).to_dict()
-
-
-def inspect_upload(upload) -> dict:
-    path = common.upload_path(upload)
+def inspect_upload(checkpoint) -> dict:
+    """The `inspect` endpoint: the checkpoint report (loaded in a worker, never unpickling code)."""
+    path = common.upload_path(checkpoint)
     if not path:
         raise UserError("upload a checkpoint (.pt/.pth/.bin/.ckpt/.safetensors) to inspect")
-    name = common.display_name(path)
     common.check_size(path, SETTINGS.max_file_bytes)
-    return jobs.run_job(_no_progress(inspect_in_child), path, timeout_s=min(SETTINGS.job_timeout_s, 300))
+    from ..engine.inspect_checkpoint import inspect_checkpoint
+
+    # In-process: torch.load(weights_only=True) runs no code, and the upload limit bounds memory.
+    return inspect_checkpoint(path).to_dict()
 
 
 def ui_inspect(upload) -> tuple[str, dict]:
@@ -254,9 +258,21 @@ def capability_in_child(device: str = "auto") -> dict:
     return detect(device or "auto").to_dict()
 
 
+@functools.lru_cache(maxsize=8)
+def _capability_cached(device: str) -> dict:
+    if device == "auto":
+        from . import host
+
+        cached = host.host_info().get("capability")
+        if cached:
+            return cached
+    return jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120)
+
+
 def capability(device: str = "auto") -> dict:
-    """The capability report of `device` (probed in a worker process)."""
-    return jobs.run_job(_no_progress(capability_in_child), device or "auto", timeout_s=120)
+    """The capability report of `device`, probed once per device in a worker process (the
+    server never creates a CUDA context), then remembered: hardware does not change."""
+    return copy.deepcopy(_capability_cached((device or "auto").strip() or "auto"))
 
 
 class _no_progress:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from typing import Callable
 
 import gradio as gr
@@ -67,17 +68,27 @@ def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool 
     return wrapper
 
 
+def as_json_text(value):
+    """dict/list -> JSON text. gradio_client treats any dict with a string "path" key in a
+    result as a file to download (lint findings have one), so data travels as JSON text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+    return value
+
+
 def api_event(fn: Callable) -> Callable:
-    """Wrap an API function: a user's mistake becomes `gr.Error` with the readable message."""
+    """Wrap an API function: a user's mistake becomes `gr.Error` with the readable message;
+    dict/list results become JSON text (see `as_json_text`)."""
     inner = _with_progress(fn)
 
     @functools.wraps(inner)
     def wrapper(*args, **kwargs):
         try:
-            return inner(*args, **kwargs)
+            out = inner(*args, **kwargs)
         except gr.Error:
             raise
         except Exception as exc:  # noqa: BLE001
             raise gr.Error(common.error_message(exc), print_exception=False) from None
+        return tuple(as_json_text(o) for o in out) if isinstance(out, tuple) else as_json_text(out)
 
     return wrapper

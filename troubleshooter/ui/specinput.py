@@ -155,3 +155,11 @@ def source_for_api(preset: str | None, yaml_text: str | None, upload, weights_up
 
 def is_python(source) -> bool:
     return getattr(source, "kind", None) == "python"
+
+
+def validate(source) -> None:
+    """Load a YAML/preset spec here, on the meta device (nothing real is allocated), so a bad
+    spec is reported at once instead of after starting a worker process. Python files are
+    never imported in the server: they are validated inside their own child process."""
+    if not is_python(source):
+        _spec().load_workload(source)

@@ -43,6 +43,7 @@ def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float
     from ..engine.speedup import speedup_source
 
     precs, budget = _parse_precisions(precisions), _budget(budget_s)
+    specinput.validate(source)
     timeout = min(SETTINGS.job_timeout_s, 3 * budget + (600 if compile else 120))
     timeout = max(timeout, budget + 60)
     kwargs = dict(device=device or "auto", precisions=precs, budget_s=budget, compile=bool(compile))

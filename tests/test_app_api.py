@@ -1,0 +1,161 @@
+"""The named API endpoints, driven through gradio_client against `python app.py` on a loopback
+port: uploads, downloads, readable errors, and a fast call answered while a speedup runs."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_MLP = "mlp:hidden=32,depth=2,in_features=16,batch_size=8"
+RUNNING = ("PROCESSING", "PROGRESS", "ITERATING")
+ENDPOINTS = {"lint", "rules", "check", "inspect", "capability", "speedup", "recommend", "explain", "recipe"}
+
+
+class JsonClient:
+    """gradio_client's Client; endpoint results that are JSON text come back decoded."""
+
+    def __init__(self, url: str, downloads: Path):
+        from gradio_client import Client
+
+        self.raw = Client(url, verbose=False, download_files=str(downloads))
+
+    def predict(self, **kwargs):
+        return _decode(self.raw.predict(**kwargs))
+
+    def submit(self, **kwargs):
+        return self.raw.submit(**kwargs)
+
+    def view_api(self, **kwargs):
+        return self.raw.view_api(**kwargs)
+
+
+def _decode(out):
+    if isinstance(out, tuple):
+        return tuple(_decode(o) for o in out)
+    if isinstance(out, str) and out.startswith(("{", "[")):
+        return json.loads(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(app_server):
+    return JsonClient(app_server.url, app_server.log_path.parent / "downloads")
+
+
+def _app_error(client, match: str, **kwargs):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as info:
+        client.predict(**kwargs)
+    assert match in str(info.value), str(info.value)
+    assert "Traceback" not in str(info.value)
+
+
+def test_every_named_endpoint_is_published(client):
+    named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert ENDPOINTS <= {name.lstrip("/") for name in named}
+
+
+def test_lint_upload_and_download(client, tmp_path):
+    from gradio_client import handle_file
+
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text())
+    report, md_path, json_path = client.predict(code="", file=handle_file(str(script)), api_name="/lint")
+    rules = {f["rule"] for f in report["findings"]}
+    assert "AMP101" in rules
+    assert all(f["path"] == "train.py" for f in report["findings"])
+    assert json.loads(Path(json_path).read_text()) == report  # the download is the same report
+    md = Path(md_path).read_text()
+    assert "AMP101" in md and Path(md_path).name == "train_amp_report.md"
+
+    pasted, _, _ = client.predict(code="import torch\nx = torch.zeros(3)\n", file=None, api_name="/lint")
+    assert pasted["findings"] == []
+
+
+def test_lint_refuses_binary_and_empty_input_readably(client, tmp_path):
+    from gradio_client import handle_file
+
+    blob = tmp_path / "model.py"
+    blob.write_bytes(b"\x80\x02ctorch\x00\x00\x01binary")
+    _app_error(client, "binary file", code="", file=handle_file(str(blob)), api_name="/lint")
+    _app_error(client, "nothing to diagnose", code="  ", file=None, api_name="/lint")
+
+
+def test_rules_and_explanations(client):
+    table, text = client.predict(rule_id="", api_name="/rules")
+    assert {"AMP101", "AMP124"} <= {r["id"] for r in table}
+    rule, text = client.predict(rule_id="amp101", api_name="/rules")
+    assert rule["id"] == "AMP101" and "unscale_" in text
+    _app_error(client, "unknown rule", rule_id="AMP999", api_name="/rules")
+
+
+def test_capability_and_inspect(client, tmp_path):
+    import torch
+    from gradio_client import handle_file
+
+    cap = client.predict(device="auto", api_name="/capability")
+    assert cap["recommended_precision"] in ("fp32", "bf16", "fp16") and cap["reason"]
+
+    ckpt = tmp_path / "model.pt"
+    torch.save({"model": torch.nn.Linear(10, 3).half().state_dict(), "step": 3}, ckpt)
+    report = client.predict(checkpoint=handle_file(str(ckpt)), api_name="/inspect")
+    assert isinstance(report, dict) and "findings" in report
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError):
+        client.predict(checkpoint=handle_file(str(text)), api_name="/inspect")
+
+
+def test_check_a_preset_and_bad_specs(client):
+    result, png = client.predict(preset=TINY_MLP, yaml_text="", spec_file=None, weights_file=None,
+                                 device="cpu", checks="alignment,skiprate", steps=4, api_name="/check")
+    assert result["alignment"] and result["skiprate"]["summary"]["steps"] == 4
+    assert result["skipped"].keys() == {"capability", "nan", "headroom"}
+    if png is not None:
+        assert Path(png).read_bytes()[:4] == b"\x89PNG"
+    _app_error(client, "line", preset="", yaml_text="model:\n  layers: [\n", spec_file=None, weights_file=None,
+               device="cpu", checks="alignment", steps=4, api_name="/check")
+    _app_error(client, "unknown preset", preset="nosuch", yaml_text="", spec_file=None, weights_file=None,
+               device="cpu", checks="alignment", steps=4, api_name="/check")
+    _app_error(client, "weights", preset="", yaml_text="weights: /etc/passwd\n", spec_file=None,
+               weights_file=None, device="cpu", checks="alignment", steps=4, api_name="/check")
+
+
+def test_lint_answers_while_speedups_run_one_at_a_time(client):
+    """Two speedups queue behind each other (one device, one job); lint is answered meanwhile."""
+    def speedup(budget, precisions):
+        return client.submit(preset=TINY_MLP, yaml_text="", spec_file=None, device="cpu",
+                             precisions=precisions, budget_s=budget, compile=False, api_name="/speedup")
+
+    first, second = speedup(4, "fp32,bf16"), speedup(1, "fp32")
+    deadline = time.monotonic() + 60  # wait until the first job is really running
+    while time.monotonic() < deadline and first.status().code.name not in RUNNING:
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    report, _, _ = client.predict(code=(FIXTURES / "lint" / "bad_AMP106.py").read_text(), file=None,
+                                  api_name="/lint")
+    lint_s = time.monotonic() - t0
+    assert {f["rule"] for f in report["findings"]} >= {"AMP106"}
+    assert not first.done(), "the speedup finished before lint was answered: the test proves nothing"
+    assert lint_s < 10, f"lint took {lint_s:.1f} s while a speedup ran"
+
+    both_running = False
+    while not (first.done() and second.done()) and time.monotonic() < deadline + 120:
+        codes = [first.status().code.name, second.status().code.name]
+        both_running |= all(c in RUNNING for c in codes)
+        time.sleep(0.1)
+    assert not both_running, "two GPU-bound jobs ran at once"
+    result, png = _decode(first.result(timeout=10))
+    assert set(result["results"]) == {"fp32", "bf16"}
+    assert result["verdict"]["recommendation"]
+    assert Path(png).read_bytes()[:4] == b"\x89PNG"
+    assert set(_decode(second.result(timeout=10))[0]["results"]) == {"fp32"}

@@ -1,0 +1,141 @@
+"""The app's callbacks called directly: uploads, errors, jobs, and each tab's functions."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.errors import UserError
+from troubleshooter.ui import common, jobs
+from troubleshooter.ui.server import SETTINGS
+
+MB = 1024 * 1024
+
+
+# --- uploads ---------------------------------------------------------------------------
+
+def test_text_upload_roundtrip(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_text("import torch\nprint('é')\n", encoding="utf-8")
+    assert common.read_text_upload(str(p), MB, (".py",)) == "import torch\nprint('é')\n"
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"PK\x03\x04\x00\x00binary zip", "binary file"),
+    (b"print('caf\xe9')\n", "not UTF-8"),
+])
+def test_bad_text_uploads_are_explained(tmp_path, content, match):
+    p = tmp_path / "model.py"
+    p.write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        common.read_text_upload(str(p), MB, (".py",))
+
+
+def test_oversize_and_wrong_kind_refused(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_bytes(b"x = 1\n" * 300_000)
+    with pytest.raises(UserError, match="larger than this server's limit"):
+        common.read_text_upload(str(big), MB, (".py",))
+    pt = tmp_path / "weights.pt"
+    pt.write_bytes(b"\x80\x02}q\x00.")
+    with pytest.raises(UserError, match="expected a Python script"):
+        common.read_text_upload(str(pt), MB, (".py", ".ipynb"), "a Python script")
+    with pytest.raises(UserError, match="pasted"):
+        common.check_text_size("x" * (MB + 1), MB, "the pasted code")
+
+
+def test_error_message_never_a_traceback():
+    assert common.error_message(UserError("bad spec", ["a: x", "b: y"])) == "bad spec\n  - a: x\n  - b: y"
+    msg = common.error_message(ZeroDivisionError("division by zero"))
+    assert msg.startswith("internal error (ZeroDivisionError: division by zero)")
+    assert "Traceback" not in msg
+    assert common.error_markdown("two\nlines").startswith("> **❌ Error**\n> two\n> lines")
+
+
+def test_downloads_keep_their_name_and_do_not_collide():
+    a = common.write_download("train_amp.py", "print(1)\n")
+    b = common.write_download("train_amp.py", "print(2)\n")
+    assert Path(a).name == Path(b).name == "train_amp.py" and a != b
+    assert Path(b).read_text() == "print(2)\n"
+    assert Path(common.write_download("../../etc/x y.md", "z")).name == ".._.._etc_x_y.md"
+
+
+# --- jobs in a worker process ----------------------------------------------------------
+
+def _job_with_progress(n, progress=None):
+    for i in range(n):
+        progress((i + 1) / n, f"step {i + 1}/{n}")
+        time.sleep(0.3)
+    return {"done": n, "pid": os.getpid()}
+
+
+def _job_that_dies(progress=None):
+    os._exit(3)
+
+
+def _job_that_hangs(progress=None):
+    time.sleep(60)
+
+
+def test_job_runs_in_a_child_and_relays_progress():
+    seen = []
+    out = jobs.run_job(_job_with_progress, 3, timeout_s=60, progress=lambda f, m: seen.append((f, m)),
+                       poll_s=0.05)
+    assert out["done"] == 3 and out["pid"] != os.getpid()
+    assert seen and seen[-1] == (1.0, "step 3/3")
+    assert [f for f, _ in seen] == sorted(f for f, _ in seen)
+
+
+def test_job_crash_and_hang_are_readable_errors():
+    from troubleshooter.worker import WorkerError
+
+    with pytest.raises(WorkerError, match="exited with status 3"):
+        jobs.run_job(_job_that_dies, timeout_s=60)
+    t = time.monotonic()
+    with pytest.raises(WorkerError, match="time limit"):
+        jobs.run_job(_job_that_hangs, timeout_s=1.5)
+    assert time.monotonic() - t < 20
+
+
+# --- gradio glue: page events never raise, API events raise gr.Error -------------------
+
+def test_page_event_turns_errors_into_a_status_message():
+    import gradio as gr
+
+    from troubleshooter.ui.glue import api_event, page_event
+
+    def cb(x):
+        raise UserError(f"{x} is not a script")
+
+    out = page_event(cb, 3, status_index=0)("photo.png")
+    assert out[0].startswith("> **❌ Error**") and "photo.png is not a script" in out[0]
+    assert out[1:] == (None, None)
+    with pytest.raises(gr.Error, match="photo.png is not a script"):
+        api_event(cb)("photo.png")
+
+
+def test_progress_parameter_gets_a_gradio_tracker():
+    import inspect
+
+    import gradio as gr
+
+    from troubleshooter.ui.glue import page_event
+
+    calls = []
+
+    def cb(a, progress=None):
+        progress(0.5, "half")
+        return a
+
+    wrapped = page_event(cb, 1)
+    assert isinstance(inspect.signature(wrapped).parameters["progress"].default, gr.Progress)
+
+    class Tracker(gr.Progress):
+        def __call__(self, fraction, desc=None, **kw):
+            calls.append((fraction, desc))
+
+    assert wrapped("x", Tracker()) == "x"
+    assert calls == [(0.5, "half")]
