@@ -174,6 +174,9 @@ def _headroom_text(r: dict) -> list[str]:
     h = r["headroom"]
     acts = [a for a in h["activations"] if isinstance(a.get("headroom_bits"), (int, float))]
     lines = []
+    if h.get("first_nonfinite_fp32") is not None:
+        lines.append(f"  the fp32 reference step itself is not finite from module '{h['first_nonfinite_fp32']}' "
+                     "(see the NaN/Inf section): the figures below cover the finite part only")
     if h.get("first_overflow") is not None:
         lines.append(f"  first module past float16's 65504: '{h['first_overflow']}'")
     if acts:

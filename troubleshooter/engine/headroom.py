@@ -44,6 +44,7 @@ class HeadroomResult:
     reference_loss: float | None
     input_max_abs: float | None
     first_overflow: str | None
+    first_nonfinite: str | None = None  # the fp32 reference itself is NaN/Inf here (the nan check's case)
     findings: list[Finding] = field(default_factory=list)
     device: str = "cpu"
     seed: int = 0
@@ -53,7 +54,8 @@ class HeadroomResult:
         return {
             "device": self.device, "seed": self.seed, "fp16_max": FP16_MAX,
             "reference_loss": self.reference_loss, "input_max_abs": self.input_max_abs,
-            "first_overflow": self.first_overflow, "activations": self.activations,
+            "first_overflow": self.first_overflow, "first_nonfinite_fp32": self.first_nonfinite,
+            "activations": self.activations,
             "gradient_summary": self.gradient_summary, "gradients": self.gradients,
             "relative_error": self.relative_error,
         }
@@ -294,6 +296,7 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
                             "input_max_abs": m_in, "headroom_bits": _bits(m), "finite": math.isfinite(m),
                             "fp16_output": in_half, "overflows_fp16": bool(in_half and too_big)})
     first = next((a for a in activations if a["overflows_fp16"]), None)
+    nonfinite = next((a["module"] for a in activations if not a["finite"]), None)
     gradients = []
     total_hist = [0] * (_BINS + 2)
     for (name, cls), hist, gmax, count in zip(raw["owners"], raw["grad_hist"], raw["grad_max"], raw["param_counts"]):
@@ -320,7 +323,8 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
         else:
             rel[p] = {"error": raw["errors"].get(p, "not measured")}
     result = HeadroomResult(activations, gradients, summary, rel, raw["loss32"], raw.get("input_max"),
-                            first["module"] if first else None, device=device, seed=seed)
+                            first["module"] if first else None, first_nonfinite=nonfinite,
+                            device=device, seed=seed)
     result.findings = _overflow_findings(result, first) + _underflow_findings(result) + _bf16_findings(result)
     return result
 
