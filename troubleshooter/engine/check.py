@@ -246,7 +246,7 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
 
     parse_only(only)  # bad options fail before anything is built
     if isinstance(device, str):
-        device = prec.resolve_device(device).__str__()
+        device = str(prec.resolve_device(device))  # a bad device fails before the model is built
     if getattr(source, "kind", None) == "python":
         progress = None
     result = run_with_workload(source, run_check, allow_exec=allow_exec, timeout_s=timeout_s,
