@@ -127,3 +127,46 @@ def test_live_host_report_and_cli(capsys):
     assert data["device"] == "cpu" and "recommended_precision" in data and "findings" in data
     assert main(["capability", "--device", "cpu"]) == 0
     assert "Recommended precision:" in capsys.readouterr().out
+
+
+def test_host_profile_cuda_branch_with_a_simulated_v100(monkeypatch):
+    """The CUDA probing code, wired to a fake V100 (no GPU here): bf16 must come from
+    including_emulation=False, not from the default that counts emulation."""
+    import contextlib
+    import types
+
+    import torch
+
+    calls = []
+
+    def is_bf16_supported(including_emulation=True):
+        calls.append(including_emulation)
+        return including_emulation  # what torch answers on a V100
+
+    props = types.SimpleNamespace(name="Tesla V100-SXM2-32GB", major=7, minor=0, total_memory=32 * 1024 ** 3,
+                                  multi_processor_count=80)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    profile = host_profile("cuda:0")
+    assert profile["device"] == "cuda:0" and profile["compute_capability"] == [7, 0]
+    assert profile["bf16_supported_native"] is False and profile["bf16_supported_default"] is True
+    assert False in calls
+    r = report_from_profile(profile)
+    assert r.recommended_precision == "fp16" and not r.bf16_native and r.to_dict()["gpu_model"] == "V100"
+    assert r.to_dict()["memory_gb"] == 32 and r.to_dict()["cudnn_version"] == 90100
+
+
+def test_asking_for_a_missing_gpu_is_a_user_error():
+    import torch
+
+    from troubleshooter.errors import UserError
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    with pytest.raises(UserError, match="no CUDA GPU"):
+        detect("cuda")

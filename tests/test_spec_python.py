@@ -51,6 +51,11 @@ def test_python_file_in_process_loader(tmp_path):
     with pytest.raises(SpecError) as info:
         load_workload(SpecSource.python_file(bad), allow_exec=True)
     assert "make_batch" in str(info.value)
+    odd = tmp_path / "odd.py"
+    odd.write_text("def build_model(): pass\ndef make_batch(n): pass\nLOSS_WEIGHT = 'big'\nSEQ_LEN = 0\n")
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.python_file(odd), allow_exec=True)
+    assert len(info.value.problems) == 2 and "LOSS_WEIGHT" in str(info.value)
     broken = tmp_path / "broken.py"
     broken.write_text("def build_model(:\n")
     with pytest.raises(SpecError, match="syntax error at line 1"):

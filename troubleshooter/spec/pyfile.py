@@ -129,12 +129,21 @@ def load_python_workload(path: str, limits: estimate.Limits) -> Workload:
     batch_size = getattr(module, "BATCH_SIZE", DEFAULT_BATCH_SIZE)
     if not isinstance(batch_size, int) or batch_size < 1:
         problems.append(f"BATCH_SIZE must be a positive integer, got {batch_size!r}")
+    loss_weight = getattr(module, "LOSS_WEIGHT", 1.0)
+    if isinstance(loss_weight, bool) or not isinstance(loss_weight, (int, float)) or not loss_weight > 0:
+        problems.append(f"LOSS_WEIGHT must be a positive number, got {loss_weight!r}")
+    seq_len = getattr(module, "SEQ_LEN", None)
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
+        problems.append(f"SEQ_LEN must be a positive integer or None, got {seq_len!r}")
+    make_opt = getattr(module, "make_optimizer", None)
+    if make_opt is not None and not callable(make_opt):
+        problems.append("make_optimizer is defined but is not a function")
     if problems:
-        raise SpecError(f"{path}: {len(problems)} problem(s)", problems)
+        raise SpecError(f"{path}: {len(problems)} problem{'s' if len(problems) > 1 else ''}", problems)
     build = _Build(module)
     make_batch = _UserBatches(module, has_loss_fn=loss_fn is not None)
     the_loss = loss_fn or _default_loss
-    optimizer = getattr(module, "make_optimizer", None) or OptimizerConfig()
+    optimizer = make_opt or OptimizerConfig()
     floats = optimizer.state_floats_per_param() if isinstance(optimizer, OptimizerConfig) else 2
     run = None
     try:  # look before allocating when the user's code allows building on meta
@@ -153,11 +162,10 @@ def load_python_workload(path: str, limits: estimate.Limits) -> Workload:
     if refusals:
         raise SpecError(f"{path}: refused", refusals)
     name = getattr(module, "NAME", None) or os.path.splitext(os.path.basename(path))[0]
-    seq_len = getattr(module, "SEQ_LEN", None)
     summary = {"name": name, "source": "python", "origin": path, "batch_size": batch_size,
                "seq_len": seq_len, **run.to_dict(floats), "flops_per_step": run.flops_per_step,
                "loss": getattr(loss_fn, "__name__", "default")}
     return Workload(name=name, build_model=build, make_batch=make_batch, loss_fn=the_loss,
                     make_optimizer=optimizer, batch_size=batch_size,
-                    loss_weight=float(getattr(module, "LOSS_WEIGHT", 1.0)), seq_len=seq_len,
+                    loss_weight=float(loss_weight), seq_len=seq_len,
                     flops_per_step=run.flops_per_step, summary=summary)
