@@ -161,6 +161,15 @@ def test_oversized_spec_refused_before_allocating(monkeypatch):
     assert "over the limit of 0.001 GiB" in text and "TROUBLESHOOTER_MAX_MEMORY_GB" in text
 
 
+def test_shorthands_and_yaml_exponent_strings():
+    wl = load_workload(SpecSource.yaml_text(
+        "model: {layers: [{Linear: [4, 3]}, {Dropout: 0.1}]}\ninput: {shape: [2, 4], scale: 1e4}\n"
+        "target: regression\nloss_weight: 1e-6\noptimizer: {name: AdamW, lr: 3e-4}"))
+    assert wl.loss_weight == 1e-6 and wl.summary["input"]["scale"] == 1e4
+    assert wl.summary["target"]["kind"] == "regression" and wl.summary["loss"] == "mse"
+    assert wl.summary["optimizer"]["lr"] == 3e-4
+
+
 def test_example_yaml_is_a_valid_spec():
     wl = load_workload(SpecSource.yaml_text(EXAMPLE_YAML))
     assert wl.summary["target"] == {"kind": "classes", "num_classes": 10}

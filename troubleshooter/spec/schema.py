@@ -144,6 +144,11 @@ class Spec(_Strict):
     def _optimizer_shorthand(cls, v: Any) -> Any:
         return {"name": v} if isinstance(v, str) else v
 
+    @field_validator("target", mode="before")
+    @classmethod
+    def _target_shorthand(cls, v: Any) -> Any:
+        return {"kind": v.strip().lower()} if isinstance(v, str) else v
+
     @field_validator("loss", mode="before")
     @classmethod
     def _loss(cls, v: Any) -> Any:
