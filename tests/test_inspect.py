@@ -140,3 +140,12 @@ def test_safetensors_header_is_read_without_loading(tmp_path):
     assert d["format"] == "safetensors" and d["layout"] == "state_dict"
     assert d["models"][0]["dtypes"] == {"bfloat16": {"tensors": 2, "elements": 20}}
     assert rules(r) == ["AMP124"] and r.findings[0].severity is Severity.INFO
+
+
+def test_separate_state_files(tmp_path):
+    model, opt, sched = trained()
+    r = inspect_checkpoint(save(tmp_path, opt.state_dict(), "optimizer.pt"))
+    assert r.to_dict()["layout"] == "optimizer_state" and r.findings == []
+    scaler = torch.amp.GradScaler("cpu", init_scale=0.5)
+    r = inspect_checkpoint(save(tmp_path, scaler.state_dict(), "scaler.pt"))
+    assert r.to_dict()["layout"] == "scaler_state" and rules(r) == ["AMP202"]

@@ -262,10 +262,10 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectReport:
         raise UserError(f"{path} holds a single tensor, not a checkpoint (expected a state_dict or a dict "
                         "with model/optimizer state)")
     all_tensors = list(_tensors(obj))
-    if not all_tensors:
+    nodes = list(_walk(obj))
+    if not all_tensors and not any(_is_scaler(d) or _is_scheduler(d) or _is_optimizer(d) for _, d in nodes):
         raise UserError(f"{path} contains no tensors: it is not a model checkpoint")
 
-    nodes = list(_walk(obj))
     maps = [(p, d) for p, d in nodes if _is_tensor_map(d)]
     optimizers = [(p, d) for p, d in nodes if _is_optimizer(d)]
     scalers = [(p, d) for p, d in nodes if _is_scaler(d)]
@@ -318,8 +318,11 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectReport:
     flags = _flags(obj)
     evidence = _precision_evidence(flags)
     layout = ("state_dict" if _is_tensor_map(obj) else
-              "training_checkpoint" if optimizers else
-              "weights_checkpoint" if models else "other")
+              "training_checkpoint" if optimizers and models else
+              "weights_checkpoint" if models else
+              "optimizer_state" if optimizers else
+              "scaler_state" if scalers else
+              "scheduler_state" if schedulers else "other")
     facts = {
         "size_bytes": os.path.getsize(path), "format": fmt, "layout": layout,
         "top_level_keys": [str(k) for k in obj][:40] if isinstance(obj, dict) and layout != "state_dict" else [],
@@ -334,7 +337,10 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectReport:
 def _judge(report: InspectReport, models, optimizer, scaler, scheduler, step, evidence) -> None:
     path = report.path
     half_models = [m for m in models if m["half_only"]]
-    training = optimizer["present"]
+    training = optimizer["present"] and bool(models)
+    if not models:
+        report.notes.append("no model weights in this file: it holds only training state (like the separate "
+                            "optimizer.pt / scaler.pt / scheduler.pt files some trainers write)")
     if half_models:
         where = ", ".join(m["key"] or "<top level>" for m in half_models)
         dtype = half_models[0]["half_dtype"]
