@@ -52,24 +52,24 @@ class InspectReport:
                          f"{m['elements']:,} elements, {_dtypes_text(m['dtypes'])}"
                          + (" — half precision only" if m["half_only"] else ""))
         opt = f["optimizer"]
-        lines.append("  optimizer state: " + (f"yes at {opt['key']} ({opt['param_groups']} param group(s), "
+        lines.append("  optimizer state: " + (f"yes at {opt['key'] or '<top level>'} ({opt['param_groups']} param group(s), "
                                                  f"{_dtypes_text(opt['dtypes']) or 'no tensors'})"
                                                  if opt["present"] else "no"))
         sc = f["scaler"]
         if sc["present"]:
-            lines.append(f"  GradScaler state: yes at {sc['key']}" + (
+            lines.append(f"  GradScaler state: yes at {sc['key'] or '<top level>'}" + (
                 f" (scale {sc['scale']:g}, growth tracker {sc.get('growth_tracker')})" if sc.get("scale") is not None
                 else " (empty: the scaler was disabled)"))
         else:
             lines.append("  GradScaler state: no")
         sch = f["scheduler"]
-        lines.append("  LR scheduler state: " + (f"yes at {sch['key']} (last_epoch {sch.get('last_epoch')})"
+        lines.append("  LR scheduler state: " + (f"yes at {sch['key'] or '<top level>'} (last_epoch {sch.get('last_epoch')})"
                                                  if sch["present"] else "no"))
         if f["step"]:
             lines.append(f"  step: {f['step']['key']} = {f['step']['value']}")
         if f["precision_flags"]:
             lines.append("  precision settings: " + ", ".join(f"{k}={v!r}" for k, v in f["precision_flags"].items()))
-        lines.append(f"  all tensors: {_dtypes_text(f['dtypes'])}")
+        lines.append(f"  all tensors: {_dtypes_text(f['dtypes']) or 'none'}")
         for note in self.notes:
             lines.append(f"  note: {note}")
         for finding in self.findings:
