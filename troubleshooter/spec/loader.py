@@ -171,7 +171,12 @@ def _load_preset(name: str, overrides: dict[str, Any], limits: estimate.Limits, 
                  optimizer: OptimizerConfig | None = None, loss_weight: float = 1.0,
                  weights: str | None = None, spec_name: str | None = None,
                  problems: list[str] | None = None) -> Workload:
-    preset = get_preset(name)
+    try:
+        preset = get_preset(name)
+    except SpecError as exc:
+        if not problems:
+            raise
+        raise _problem_error(label, [*problems, str(exc)]) from None
     cfg, param_problems = resolve_params(preset, overrides)
     problems = list(problems or []) + param_problems
     if param_problems:
