@@ -33,6 +33,7 @@ WARMUP_STEPS = 3  # discarded; their losses are the accuracy sanity check
 COMPILE_WARMUP_STEPS = 6  # the first compiled steps compile and autotune
 WARMUP_SHARE = 0.4  # share of the budget the warm-up of all precisions may take before it is cut short
 N_BATCHES = 4  # distinct synthetic batches, cycled, the same for every precision
+PROGRESS_EVERY_S = 0.25  # at most this often from the timing loop
 
 ProgressFn = Callable[[float, str], None]
 
@@ -245,13 +246,11 @@ def run_speedup(
     # ---- build and warm up each precision on its own (its peak memory is measured here)
     runners: dict[str, _Runner] = {}
     warmup_steps = COMPILE_WARMUP_STEPS if compile else WARMUP_STEPS
-    warmup_fixed = False
     for i, p in enumerate(available):
         _emit(progress, 0.3 * i / max(1, len(available)), f"warming up {p}" + (" (compiling)" if compile else ""))
         try:
-            runners[p], n = _prepare(workload, p, dev, seed, compile, batches, warmup_steps, warmup_fixed,
+            runners[p], _ = _prepare(workload, p, dev, seed, compile, batches, warmup_steps,
                                      budget_s * WARMUP_SHARE / max(1, len(available)))
-            warmup_steps, warmup_fixed = n, True  # later precisions take exactly as many steps
         except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
             errors[p] = _error_text(exc, compile)
         if p in errors:
@@ -291,7 +290,7 @@ def run_speedup(
         del runners[p]
     release(dev)
     _emit(progress, 1.0, verdict.recommendation)
-    return {
+    return _json_safe({
         "device": info,
         "spec": spec,
         "settings": {
@@ -307,7 +306,18 @@ def run_speedup(
         "errors": errors,
         "verdict": verdict.to_dict(),
         "findings": [f.to_dict() for f in verdict.findings],
-    }
+    })
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf (a diverged loss, a zero-time step) become None: the result must be valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str, Any]:
@@ -323,11 +333,11 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
     return run_with_workload(source, run_speedup, allow_exec=allow_exec, timeout_s=timeout, **kwargs)
 
 
-def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, share_s):
+def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
     """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
 
-    The first precision's warm-up is cut short (to at least 2 steps) when it would eat more than
-    its share of the budget; the others then take exactly as many steps, so their losses compare.
+    The warm-up is cut short (to at least 2 steps) once it has eaten this precision's share of
+    the budget; the losses are then compared at the step count all precisions reached.
     """
     cuda = dev.type == "cuda"
     if cuda:
@@ -338,31 +348,41 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, fixed, shar
     runner = _Runner(workload, p, dev, seed, compile)
     spent, n = 0.0, 0
     while n < warmup_steps:
-        seconds = runner.warm_up_step(batches[n % len(batches)])
+        batch = batches[n % len(batches)]
+        # step 2 on a CPU is traced for memory: by then the optimizer state exists
+        seconds = _cpu_memory_step(runner, batch) if (n == 1 and dev.type == "cpu") else runner.warm_up_step(batch)
         spent += seconds if n else 0.0  # the first step carries one-time costs (compiling, init)
         n += 1
-        if not fixed and n >= 2 and spent > share_s:
+        if n >= 2 and spent > share_s:
             break
     if cuda:
         prec.synchronize(dev)
         runner.peak_memory_bytes = int(torch.cuda.max_memory_allocated(dev) - base)
-        runner.memory_method = "torch.cuda.max_memory_allocated during this precision's warm-up, minus what was allocated before"
-    elif dev.type == "cpu":
-        # grads are dropped first: the profiler cannot see frees of blocks allocated before it
-        # started, so they would be counted twice; the step allocates them again, in view
-        runner.optimizer.zero_grad(set_to_none=True)
-        steady = _tensor_bytes(list(runner.model.parameters()), runner.optimizer.state_dict()["state"])
-        try:
-            extra = _profiled_step_peak(lambda: runner.step(batches[n % len(batches)]))
-            runner.peak_memory_bytes = int(steady + extra)
-            runner.memory_method = ("CPU tensor memory: parameters, gradients and optimizer state plus the "
-                                    "peak of one step traced by the PyTorch profiler (not the process RSS)")
-        except Exception as exc:  # noqa: BLE001 - memory is a nice-to-have on CPU
-            runner.memory_method = f"not measured on CPU: the PyTorch profiler failed ({type(exc).__name__})"
-        # the profiled step is one more training step: every precision takes it, so losses stay aligned
-    else:
+        runner.memory_method = ("torch.cuda.max_memory_allocated over this precision's build and warm-up, "
+                                "minus what was allocated before")
+    elif dev.type != "cpu":
         runner.memory_method = f"not measured on {dev.type}"
     return runner, n
+
+
+def _cpu_memory_step(runner: _Runner, batch) -> float:
+    """A warm-up step whose CPU tensor memory is traced; sets the runner's peak memory."""
+    # grads are dropped first: the profiler cannot see frees of blocks allocated before it
+    # started, so they would be counted twice; the step allocates them again, in view
+    runner.optimizer.zero_grad(set_to_none=True)
+    steady = _tensor_bytes(list(runner.model.parameters()), runner.optimizer.state_dict()["state"])
+    took: list[float] = []
+    try:
+        extra = _profiled_step_peak(lambda: took.append(runner.warm_up_step(batch)))
+    except Exception as exc:  # noqa: BLE001 - memory is a nice-to-have on CPU; the step itself is not
+        if took:
+            runner.memory_method = f"not measured on CPU: the PyTorch profiler failed ({type(exc).__name__})"
+            return took[0]
+        raise
+    runner.peak_memory_bytes = int(steady + extra)
+    runner.memory_method = ("CPU tensor memory: parameters and optimizer state plus the peak of live tensors "
+                            "during one training step, traced by the PyTorch profiler (not the process RSS)")
+    return took[0]
 
 
 def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
@@ -371,6 +391,7 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
     timers = {p: StepTimer(dev) for p in runners}
     deadline = t_start + budget_s
     rounds, stop_reason = 0, "no precision could be measured" if not runners else None
+    last_emit = 0.0
     while runners:
         round_start = time.perf_counter()
         batch = batches[rounds % len(batches)]
@@ -390,9 +411,11 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
         now = time.perf_counter()
         spreads = {p: summarize(s).spread for p, s in samples.items()}
         worst = max(spreads.values())
-        _emit(progress, 0.3 + 0.7 * min(1.0, (now - t_start) / budget_s),
-              f"round {rounds}: " + ", ".join(f"{p} {summarize(s).median:.2f} ms" for p, s in samples.items())
-              + f" (spread {worst:.1%})")
+        if now - last_emit >= PROGRESS_EVERY_S or rounds == 1:  # callers may write each call to a file
+            last_emit = now
+            _emit(progress, 0.3 + 0.7 * min(1.0, (now - t_start) / budget_s),
+                  f"round {rounds}: " + ", ".join(f"{p} {summarize(s).median:.2f} ms" for p, s in samples.items())
+                  + f" (spread {worst:.1%})")
         if rounds >= MAX_SAMPLES:
             stop_reason = "max_samples"
             break
@@ -412,6 +435,8 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
     tf32 = samples.get("tf32")
     tf32_med = summarize(tf32).median if tf32 else None
     fp32_losses = runners["fp32"].losses if "fp32" in runners else None
+    # warm-ups cut short by the budget may differ in length: compare losses after the same steps
+    common = min((len(r.losses) for r in runners.values()), default=0)
     for p, runner in runners.items():
         s = samples[p]
         summ = summarize(s)
@@ -425,8 +450,10 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
             "speedup_vs_fp32": base_med / summ.median if base_med else None,
             "speedup_vs_fp32_paired": None,
             "speedup_vs_fp32_iqr": None,
-            "final_loss": runner.losses[-1] if runner.losses else None,
+            "final_loss": runner.losses[common - 1] if common else None,
+            "loss_after_steps": common,
             "losses": runner.losses,
+            "warmup_steps": len(runner.losses),
             "loss_rel_diff_vs_fp32": None,
             "native": _native(p, info),
         }
@@ -437,7 +464,7 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
         if tf32_med:
             r["speedup_vs_tf32"] = tf32_med / summ.median
         if fp32_losses and runner.losses:
-            a, b = fp32_losses[-1], runner.losses[-1]
+            a, b = fp32_losses[common - 1], runner.losses[common - 1]
             if a is not None and b is not None and a != 0:
                 r["loss_rel_diff_vs_fp32"] = abs(b - a) / abs(a)
         if p == "fp16":
@@ -496,7 +523,7 @@ def format_text(result: dict[str, Any]) -> str:
     if dev.get("note"):
         lines.append(dev["note"])
     lines.append(f"{st['rounds']} interleaved rounds in {st['elapsed_s']:.1f} s (budget {st['budget_s']:g} s; "
-                 f"stopped: {st['stopped_because']}); {st['warmup_steps']} warm-up steps discarded; "
+                 f"stopped: {st['stopped_because']}); up to {st['warmup_steps']} warm-up steps discarded; "
                  f"timer: {st['timer']}")
     if st.get("budget_exceeded_s"):
         lines.append(f"note: the budget was exceeded by {st['budget_exceeded_s']:.1f} s "
