@@ -52,7 +52,7 @@ def test_error_message_never_a_traceback():
     msg = common.error_message(ZeroDivisionError("division by zero"))
     assert msg.startswith("internal error (ZeroDivisionError: division by zero)")
     assert "Traceback" not in msg
-    assert common.error_markdown("two\nlines").startswith("> **❌ Error**\n> two\n> lines")
+    assert common.error_markdown("two\nlines").startswith("> **Error**\n> two\n> lines")
 
 
 def test_downloads_keep_their_name_and_do_not_collide():
@@ -111,7 +111,7 @@ def test_page_event_turns_errors_into_a_status_message():
         raise UserError(f"{x} is not a script")
 
     out = page_event(cb, 3, status_index=0)("photo.png")
-    assert out[0].startswith("> **❌ Error**") and "photo.png is not a script" in out[0]
+    assert out[0].startswith("> **Error**") and "photo.png is not a script" in out[0]
     assert out[1:] == (None, None)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
         api_event(cb)("photo.png")

@@ -100,7 +100,7 @@ def alignment_rows(result: dict) -> list[list]:
     for r in result.get("alignment") or []:
         share = r.get("flops_share")
         rows.append([r.get("module"), r.get("class"), r.get("dimension"), r.get("value"), r.get("padded"),
-                     "✓" if r.get("aligned") else f"✗ (×{r.get('multiple')})",
+                     "yes" if r.get("aligned") else f"NO (multiple of {r.get('multiple')})",
                      f"{share:.1%}" if isinstance(share, (int, float)) else "—", r.get("note") or ""])
     return rows
 
@@ -136,7 +136,7 @@ def nan_markdown(result: dict) -> str:
     lines = ["#### NaN/Inf localisation", "", "| precision | loss | first non-finite (forward) | first non-finite (backward) |",
              "| --- | --- | --- | --- |"]
     for p, r in (section.get("precisions") or {}).items():
-        loss = common.fmt_num(r.get("loss"), 4) + ("" if r.get("loss_finite", True) else " ❌")
+        loss = common.fmt_num(r.get("loss"), 4) + ("" if r.get("loss_finite", True) else " (NON-FINITE)")
         fwd, bwd = r.get("first_forward"), r.get("first_backward")
         lines.append(f"| {p} | {loss} | {common.md_cell(_where(fwd))} | {common.md_cell(_where(bwd))} |")
     return "\n".join(lines) + "\n"
@@ -162,7 +162,7 @@ def headroom_rows(result: dict) -> list[list]:
         bits = a.get("headroom_bits")
         rows.append([a.get("module") or "<model>", a.get("class"), common.fmt_num(a.get("max_abs")),
                      f"{bits:.1f}" if isinstance(bits, (int, float)) else common.fmt_num(bits),
-                     "❌ overflows" if a.get("overflows_fp16") else ("non-finite" if a.get("finite") is False else "ok")])
+                     "OVERFLOWS" if a.get("overflows_fp16") else ("non-finite" if a.get("finite") is False else "ok")])
     return rows
 
 
@@ -194,7 +194,7 @@ def findings_markdown(result: dict) -> str:
 def status_markdown(result: dict) -> str:
     spec, dev = result.get("spec", {}), result.get("device", {})
     n = len(result.get("findings", []))
-    text = (f"{'⚠️' if result.get('exit_code') else '✅'} **{spec.get('name', 'model')}** on "
+    text = (f"**{spec.get('name', 'model')}** on "
             f"{dev.get('name', dev.get('type', '?'))}: {n} finding{'s' if n != 1 else ''}.")
     errors = result.get("errors") or {}
     failed = {k: v for k, v in errors.items() if not (isinstance(v, dict) and v.get("kind") == "not_available")}

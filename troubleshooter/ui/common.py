@@ -108,7 +108,7 @@ def error_message(exc: BaseException) -> str:
 def error_markdown(exc_or_text: BaseException | str) -> str:
     text = exc_or_text if isinstance(exc_or_text, str) else error_message(exc_or_text)
     body = "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
-    return f"> **❌ Error**\n{body}\n"
+    return f"> **Error**\n{body}\n"
 
 
 def _root() -> Path:

@@ -11,7 +11,7 @@ from .server import SETTINGS
 
 SCRIPT_KINDS = (".py", ".ipynb")
 TABLE_HEADERS = ["severity", "rule", "line", "code", "message", "fix"]
-_ICON = {"error": "🛑 error", "warning": "⚠️ warning", "info": "ℹ️ info"}
+_ICON = {"error": "ERROR", "warning": "warning", "info": "info"}  # plain words: no emoji font needed
 
 
 def _lint():
@@ -125,7 +125,7 @@ def summary_line(findings: list[Finding], errors: list, name: str) -> str:
     for f in findings:
         counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
     if not findings and not errors:
-        return f"✅ **{name}**: no mixed-precision problems found."
+        return f"**{name}**: no mixed-precision problems found."
     parts = [f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}" for s in ("error", "warning", "info") if counts.get(s)]
     text = f"**{name}**: " + (", ".join(parts) if parts else "no findings")
     if errors:

@@ -129,7 +129,7 @@ def ui_speedup(mode, preset, params, yaml_text, upload, device, precisions, budg
     """The Run button: (status, table rows, plot, verdict, JSON download)."""
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload)
     result = measure(source, device, precisions, budget_s, compile, progress=progress)
-    status = f"✅ measured **{result.get('spec', {}).get('name', 'model')}** in {', '.join(result.get('results', {})) or 'no precision'}."
+    status = f"Measured **{result.get('spec', {}).get('name', 'model')}** in {', '.join(result.get('results', {})) or 'no precision'}."
     return status, table_rows(result), figure(result), verdict_markdown(result), _json_download(result)
 
 

@@ -1,0 +1,141 @@
+"""The real page in headless Chromium (Debian's, driven by Playwright): the four user actions,
+a bad upload, and screenshots of each (tests/artifacts/, a few copied to docs/screenshots/)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+FIXTURES = ROOT / "tests" / "fixtures"
+TIMEOUT_MS = 120_000
+
+
+def expect(locator):
+    from playwright.sync_api import expect as _expect
+
+    return _expect(locator)
+
+
+def _skip_reason() -> str | None:
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} is missing: apt-get install chromium chromium-driver (see README)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -r requirements-dev.txt"
+    return None
+
+
+@pytest.fixture(scope="module")
+def page(app_server):
+    reason = _skip_reason()
+    if reason:
+        print(f"skipping browser tests: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"],
+        )
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        pg = context.new_page()
+        pg.set_default_timeout(TIMEOUT_MS)
+        from playwright.sync_api import expect as _expect
+
+        _expect.set_options(timeout=TIMEOUT_MS)
+        pg.goto(app_server.url, wait_until="networkidle")
+        yield pg
+        context.close()
+        browser.close()
+
+
+def shot(page, name: str, docs: bool = False) -> None:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if docs and os.environ.get("AMP_UPDATE_SCREENSHOTS"):
+        dest = ROOT / "docs" / "screenshots"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / f"{name}.png")
+
+
+def open_tab(page, title: str) -> None:
+    page.get_by_role("tab", name=title).click()
+
+
+def upload(page, elem_id: str, path: Path) -> None:
+    page.locator(f"#{elem_id} input[type=file]").set_input_files(str(path))
+    # wait for gradio to finish uploading: the file name shows in the component
+    page.locator(f"#{elem_id}").get_by_text(path.name).first.wait_for()
+
+
+def test_header_shows_the_device(page):
+    header = page.locator("#header-device")
+    assert "This host:" in header.inner_text()
+
+
+def test_diagnose_an_uploaded_script(page, tmp_path):
+    open_tab(page, "Diagnose a script")
+    script = tmp_path / "train_bad.py"
+    script.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text()
+                      + "\n" + (FIXTURES / "lint" / "bad_AMP106.py").read_text())
+    upload(page, "lint-upload", script)
+    page.locator("#lint-run").click()
+    table = page.locator("#lint-findings")
+    expect(table).to_contain_text("AMP101 clip-before-unscale")
+    expect(table).to_contain_text("AMP106")
+    expect(table).to_contain_text("clip_grad_norm_(model.parameters(), 1.0)")  # the offending line
+    expect(page.locator("#lint-status")).to_contain_text("3 errors")
+    expect(page.locator("#lint-explanation")).to_contain_text("Why it matters")
+    with page.expect_download() as dl:
+        page.locator("#lint-md a").first.click()
+    saved = ARTIFACTS / "report.md"
+    dl.value.save_as(str(saved))
+    assert "AMP101" in saved.read_text()
+    shot(page, "diagnose", docs=True)
+
+
+def test_binary_upload_shows_a_clear_error_and_page_stays_usable(page, tmp_path):
+    open_tab(page, "Diagnose a script")
+    page.locator("#lint-upload button[aria-label='Clear']").first.click()
+    blob = tmp_path / "weights.py"
+    blob.write_bytes(b"PK\x03\x04\x00\x00\x00\x00 binary checkpoint")
+    upload(page, "lint-upload", blob)
+    page.locator("#lint-run").click()
+    expect(page.locator("#lint-status")).to_contain_text("weights.py is a binary file")
+    assert "Traceback" not in page.content()
+    shot(page, "diagnose-binary-error")
+    # still usable: clear the upload and lint pasted code
+    page.locator("#lint-upload button[aria-label='Clear']").first.click()
+    editor = page.locator("#lint-code .cm-content")
+    editor.click()
+    page.keyboard.insert_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    page.locator("#lint-run").click()
+    expect(page.locator("#lint-findings")).to_contain_text("AMP106")
+    expect(page.locator("#lint-status")).not_to_contain_text("Error")
+
+
+def test_speedup_on_a_tiny_preset(page):
+    open_tab(page, "Speedup check")
+    params = page.locator("#speed-params textarea")
+    params.fill("hidden=32,depth=2,in_features=16,batch_size=8")
+    budget = page.locator("#speed-budget input[type=number]")
+    budget.fill("2")
+    budget.press("Enter")
+    page.locator("#speed-run").click()
+    expect(page.locator("#speed-verdict")).to_contain_text("Verdict:", timeout=TIMEOUT_MS)
+    expect(page.locator("#speed-plot img").first).to_be_visible()
+    table = page.locator("#speed-table")
+    for precision in ("fp32", "fp16", "bf16", "tf32"):
+        expect(table).to_contain_text(precision)
+    shot(page, "speedup", docs=True)
