@@ -59,6 +59,7 @@ def test_token_input_and_inferred_classes():
     wl = load_workload(SpecSource.yaml_file(SPECS / "tokens.yaml"))
     (x,), y = wl.batch(CPU)
     assert x.dtype == torch.int64 and int(x.max()) < 64 and y.shape == (4, 8)
+    assert wl.seq_len == 8 and wl.samples_unit == "tokens/s"
     one_step(wl)
 
 
@@ -168,6 +169,17 @@ def test_shorthands_and_yaml_exponent_strings():
     assert wl.loss_weight == 1e-6 and wl.summary["input"]["scale"] == 1e4
     assert wl.summary["target"]["kind"] == "regression" and wl.summary["loss"] == "mse"
     assert wl.summary["optimizer"]["lr"] == 3e-4
+
+
+def test_limits_from_environment(monkeypatch):
+    from troubleshooter.errors import UserError
+    from troubleshooter.spec import Limits
+
+    monkeypatch.setenv("TROUBLESHOOTER_MAX_PARAMS", "5e6")
+    assert Limits.resolve().max_params == 5e6 and Limits.resolve(max_params=7).max_params == 7
+    monkeypatch.setenv("TROUBLESHOOTER_MAX_PARAMS", "lots")
+    with pytest.raises(UserError, match="TROUBLESHOOTER_MAX_PARAMS"):
+        Limits.resolve()
 
 
 def test_example_yaml_is_a_valid_spec():

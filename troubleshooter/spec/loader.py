@@ -261,6 +261,11 @@ def _partial_spec(data: dict) -> Any:
     return None
 
 
+def _token_seq_len(inp) -> int | None:
+    """Token-id input of shape [batch, seq_len] is a sequence model: report tokens/s and check seq_len."""
+    return inp.shape[1] if inp.dtype == "int64" and len(inp.shape) == 2 else None
+
+
 def _load_yaml(source: SpecSource, limits: estimate.Limits) -> Workload:
     text = source.read_text()
     label = source.describe()
@@ -340,7 +345,7 @@ def _load_yaml(source: SpecSource, limits: estimate.Limits) -> Workload:
                "target": {"kind": kind, "num_classes": num_classes}, "loss": loss}
     return _finish(name=name, label=label, build=build, make_batch=make_batch, loss_fn=loss_fn,
                    batch_size=inp.batch_size, optimizer=spec.optimizer.config(),
-                   loss_weight=spec.loss_weight, seq_len=None, flops_fn=None, summary=summary,
+                   loss_weight=spec.loss_weight, seq_len=_token_seq_len(inp), flops_fn=None, summary=summary,
                    meta_model=meta_model, run=run, weights=weights,
                    problems=problems, limits=limits)
 
