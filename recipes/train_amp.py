@@ -272,7 +272,8 @@ def make_samples(gen: torch.Generator):
 #|     patterns = torch.randn(NUM_CLASSES, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE,
 #|                            generator=torch.Generator().manual_seed(SEED))
 #|     labels = torch.randint(NUM_CLASSES, (BATCH_SIZE,), generator=gen)
-#|     images = patterns[labels] + torch.randn(BATCH_SIZE, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE, generator=gen)
+#|     noise = torch.randn(BATCH_SIZE, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE, generator=gen)
+#|     images = patterns[labels] + 0.5 * noise
 #|     return images, labels
 # [end]
 

@@ -164,10 +164,12 @@ def _literal(value) -> str:
 
 
 def _set_config(text: str, variable: str, value) -> str:
-    pattern = re.compile(rf"^({re.escape(variable)} = )\S+", re.MULTILINE)
+    """Write `value` into the line `VARIABLE = ...  # comment`, keeping the comment's column."""
+    pattern = re.compile(rf"^({re.escape(variable)} = )(\S+ *)", re.MULTILINE)
     if value is None or not pattern.search(text):
         return text
-    return pattern.sub(lambda m: m.group(1) + _literal(value), text, count=1)
+    literal = _literal(value)
+    return pattern.sub(lambda m: m.group(1) + literal.ljust(len(m.group(2)) - 1) + " ", text, count=1)
 
 
 def recipe_command(options: dict) -> str:

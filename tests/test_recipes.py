@@ -1,0 +1,95 @@
+"""The recipe renderer, its option metadata and the `recipe` command (no training here)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from troubleshooter import recipes
+from troubleshooter.cli import main
+from troubleshooter.errors import UserError
+
+
+def test_template_as_checked_in_is_the_as_written_variant():
+    """The template runs as a file: its live lines are exactly one rendering, the rest dormant."""
+    raw = recipes._template_text()
+    live = [ln for ln in raw.splitlines() if not recipes._MARKER.match(ln) and not recipes._DORMANT.match(ln)]
+    expected = re.sub(r"\n{4,}", "\n\n\n", "\n".join(live).strip("\n") + "\n")
+    rendered = recipes.render_recipe(**recipes.as_written_options())
+    rendered = re.sub(r"^Regenerate: .*$", "Regenerate: python -m troubleshooter recipe", rendered, flags=re.M)
+    assert rendered == expected
+
+
+def test_every_option_is_documented_and_reaches_the_template():
+    raw = recipes._template_text()
+    for opt in recipes._metadata()["options"]:
+        assert opt["flag"].startswith("--") and opt["help"] and opt["adds"], opt
+        used_as_block = re.search(rf"# \[option: (not )?{opt['name']}\b", raw)
+        used_as_value = "config" in opt and re.search(rf"^{opt['config']} = ", raw, re.M)
+        assert used_as_block or used_as_value, f"{opt['name']} changes nothing in the template"
+
+
+def test_renderer_blocks_else_and_dormant_lines():
+    text = "a\n# [option: x]\nb\n# [else]\n#| c\n# [end]\n    # [option: y=2]\n    #| d\n    # [end]\n"
+    assert recipes.render_template(text, {"x": True, "y": 2}) == "a\nb\n    d\n"
+    assert recipes.render_template(text, {"x": False, "y": 3}) == "a\nc\n"
+    with pytest.raises(ValueError, match="line 2"):
+        recipes.render_template("a\n# [end]\n", {})
+    with pytest.raises(ValueError, match="not closed"):
+        recipes.render_template("# [option: x]\n", {"x": 1})
+
+
+def test_values_land_in_the_config_block():
+    text = recipes.render_recipe(precision="bf16", clip=0.5, accum=4, log_every=7, scheduler="cosine")
+    assert re.search(r'^PRECISION = "bf16" +#', text, re.M)
+    assert re.search(r"^GRAD_CLIP = 0.5 +#", text, re.M)
+    assert re.search(r"^ACCUM_STEPS = 4 +#", text, re.M)
+    assert re.search(r"^LOG_EVERY = 7 +#", text, re.M)
+    assert "Regenerate: python -m troubleshooter recipe --precision bf16 --clip 0.5 --accum 4" in text
+    assert "parser.error(\"this recipe was generated without checkpoints" in text  # --resume explains
+    assert "GradScaler(" not in text  # bf16 has float32's range: no loss scaling in the script
+
+
+def test_bad_options_report_every_problem_at_once():
+    with pytest.raises(UserError) as exc:
+        recipes.render_recipe(precision="fp8", clip=-1, accum=0, log_every=0, distributed="horovod", colour="red")
+    message = str(exc.value)
+    for part in ("colour", "--precision", "--clip", "--accum", "--log-every", "--distributed"):
+        assert part in message
+    assert len(exc.value.problems) == 6
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"channels_last": True}, "--model cnn"),
+    ({"compile": True, "distributed": "fsdp"}, "fsdp"),
+    ({"accum": 2.5}, "whole number"),
+    ({"checkpoint": "yes"}, "true or false"),
+    ({"clip": 0}, "> 0"),
+])
+def test_unsupported_combinations_and_values_are_refused(options, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        recipes.render_recipe(**options)
+
+
+def test_cli_writes_the_script_and_lists_options(tmp_path, capsys):
+    out = tmp_path / "train_amp.py"
+    assert main(["recipe", "--precision", "fp16", "--clip", "1.0", "--accum", "4", "--scheduler", "cosine",
+                 "--checkpoint", "--nan-guard", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text == recipes.render_recipe(precision="fp16", clip=1.0, accum=4, scheduler="cosine",
+                                         checkpoint=True, nan_guard=True)
+    assert main(["recipe", "--list", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [o["name"] for o in listed] == [o["name"] for o in recipes.recipe_options()]
+    assert main(["recipe", "--list"]) == 0
+    assert "--nan-guard" in capsys.readouterr().out
+
+
+def test_cli_bad_combination_is_a_clear_error(capsys, tmp_path):
+    assert main(["recipe", "--channels-last", "--clip", "0", "-o", str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err
+    assert "--clip: must be > 0" in err and "Traceback" not in err
+    assert not (tmp_path / "x.py").exists()
+    assert main(["recipe", "-o", str(tmp_path / "missing" / "x.py")]) == 2
+    assert "cannot write" in capsys.readouterr().err
