@@ -139,3 +139,109 @@ def test_progress_parameter_gets_a_gradio_tracker():
 
     assert wrapped("x", Tracker()) == "x"
     assert calls == [(0.5, "half")]
+
+
+# --- diagnose tab ----------------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_lint_upload_rows_show_the_offending_line(tmp_path):
+    from troubleshooter.ui import diagnose
+
+    p = tmp_path / "train.py"
+    p.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text())
+    r = diagnose.lint_script("ignored when a file is uploaded", str(p))
+    assert r["name"] == "train.py" and "AMP101" in r["rules_found"]
+    row = next(row for row in r["rows"] if row[1].startswith("AMP101"))
+    assert row[0] == "ERROR" and "clip_grad_norm_" in row[3]
+    assert json.loads(Path(r["json_path"]).read_text()) == r["report"]
+    assert Path(r["md_path"]).name == "train_amp_report.md"
+
+
+def test_lint_notebook_cells(tmp_path):
+    from troubleshooter.ui import diagnose
+
+    cells = [{"cell_type": "markdown", "source": ["# notes"]},
+             {"cell_type": "code", "source": ["import torch\n"]},
+             {"cell_type": "code", "source": ["scaler = torch.cuda.amp.GradScaler()\n"]}]
+    nb = tmp_path / "exp.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    r = diagnose.lint_script(None, str(nb))
+    row = next(row for row in r["rows"] if row[1].startswith("AMP106"))
+    assert row[2].startswith("cell 2") and "GradScaler" in row[3]
+
+
+def test_lint_syntax_error_and_unknown_rule_are_readable():
+    from troubleshooter.ui import diagnose
+
+    r = diagnose.lint_script("def f(:\n    pass\n", None)
+    assert r["errors"] and "line 1" in r["errors"][0] and "Error" in r["summary"]
+    with pytest.raises(UserError, match="unknown rule.*'AMP999'"):
+        diagnose.explain("amp999")
+    assert "Why it matters" in diagnose.explain("amp101")
+
+
+# --- model picker ----------------------------------------------------------------------
+
+def test_model_picker_sources_and_refusals(tmp_path):
+    from troubleshooter.errors import SpecError
+    from troubleshooter.ui import specinput
+
+    assert specinput.params_text("mlp").startswith("in_features=")
+    src = specinput.source_from_inputs("Preset", "mlp", "hidden=32, depth=2", "", None)
+    assert src.kind == "preset" and src.value == "mlp:hidden=32,depth=2"
+    with pytest.raises(UserError, match="empty"):
+        specinput.source_from_inputs("YAML", "", "", "  ", None)
+    with pytest.raises(UserError, match="uploaded beside the spec"):
+        specinput.source_from_inputs("YAML", "", "", "weights: /etc/passwd\n", None)
+    with pytest.raises(UserError, match="upload that file"):
+        specinput.source_from_inputs("YAML", "", "", "weights: trained.pt\n", None)
+    py = tmp_path / "model.py"
+    py.write_text("def build_model():\n    raise SystemExit\n")
+    SETTINGS.allow_exec = False
+    with pytest.raises(UserError, match="--allow-exec"):
+        specinput.source_from_inputs("Upload", "", "", "", str(py))
+    bad = specinput.source_from_inputs("YAML", "", "", "model:\n  layers: [\n", None)
+    with pytest.raises(SpecError, match="line"):
+        specinput.validate(bad)
+
+
+def test_job_options_are_validated_before_any_work():
+    from troubleshooter.ui import check, speedup
+
+    with pytest.raises(UserError, match="between 1 and 600"):
+        speedup._budget(0)
+    with pytest.raises(UserError, match="unknown precision"):
+        speedup._parse_precisions("fp8")
+    with pytest.raises(UserError, match="at least one"):
+        speedup._parse_precisions([])
+    assert speedup._parse_precisions("bf16, fp32") == ["fp32", "bf16"]
+    with pytest.raises(UserError, match="whole number"):
+        check._steps(2.5)
+    with pytest.raises(UserError, match="unknown check"):
+        check._only("alignment,magic")
+
+
+def test_capability_card_from_the_real_report():
+    from troubleshooter.engine.capability import detect
+    from troubleshooter.ui import check
+
+    card = check.capability_card({"capability": detect("cpu").to_dict()})
+    assert "Recommended precision" in card and "CPU" in card
+
+
+# --- recipe builder --------------------------------------------------------------------
+
+def test_recipe_from_controls_and_api():
+    from troubleshooter.ui import recipe
+
+    values = recipe.controls_from_options({"precision": "fp16", "clip": 1.0})
+    status, code, path = recipe.ui_render(*values)
+    assert "--precision fp16 --clip 1.0" in status
+    assert "GradScaler" in code and Path(path).name == "train_amp.py"
+    assert Path(path).read_text() == code
+    with pytest.raises(UserError, match="JSON object"):
+        recipe.api_recipe("precision=bf16")
+    with pytest.raises(UserError, match="channels"):
+        recipe.render({"channels_last": True, "model": "transformer"})
