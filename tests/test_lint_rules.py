@@ -81,3 +81,9 @@ def test_examples_in_docs_behave():
         if r.id in standalone:
             rules = {f.rule for f in lint_text("import torch\n" + r.example_bad).findings}
             assert r.id in rules, r.id
+
+
+def test_user_docs_cover_every_rule():
+    docs = (Path(__file__).parents[1] / "docs" / "lint.md").read_text()
+    for r in all_rules():
+        assert f"### {r.id} {r.name}" in docs, r.id

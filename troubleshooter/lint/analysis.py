@@ -380,11 +380,14 @@ class FileModel:
             self.autocast_factories[key] = value
         if t in self.classes:
             self.instances[key] = t
-        if t in {"half", "bfloat16"} or (t == "to" and any(self.dtype_of(a) in {"fp16", "bf16"} for a in
-                                                           list(value.args) + [k.value for k in value.keywords])):
-            inner = receiver(value)
-            if inner is not None and not isinstance(inner, (ast.Name, ast.Attribute)):
-                self.halved.setdefault(key, value)
+        link = value
+        while isinstance(link, ast.Call):  # model = Net().half().cuda(): any half link in the chain
+            lt = func_tail(link)
+            if lt in {"half", "bfloat16"} or (lt == "to" and any(
+                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
+                self.halved.setdefault(key, link)
+                break
+            link = receiver(link)
         inner = receiver(value)
         while isinstance(inner, ast.Call):  # model = Net().to(device) -> instance of Net
             if func_tail(inner) in self.classes:
@@ -557,6 +560,7 @@ class _Walker:
         self.base_regions = regions
         self.loop_id = 0
         self._local_scaled: set[str] = set()
+        self._apex_scaled: set[str] = set()
 
     def run(self, body: list[ast.stmt]) -> Scope:
         self._body(body, ((), (), self.base_regions, self.s.nograd_func, ()))
@@ -606,6 +610,9 @@ class _Walker:
             new_regions, new_nograd = regions, nograd
             for item in st.items:
                 self._exprs(item.context_expr, ctx)
+                if isinstance(item.context_expr, ast.Call) and "scale_loss" in (func_tail(item.context_expr) or "") \
+                        and isinstance(item.optional_vars, ast.Name):
+                    self._apex_scaled.add(item.optional_vars.id)  # apex: amp.scale_loss(loss, opt) as scaled
                 ac = self.m.autocast_of_with(item.context_expr)
                 if ac is not None:
                     new_regions = new_regions + (ac,)
@@ -753,7 +760,7 @@ class _Walker:
         scaled = self._is_scale_call(target) or (isinstance(target, (ast.Name, ast.Attribute))
                                                  and tail(target) in self._local_scaled)
         loss = target.args[0] if scaled and isinstance(target, ast.Call) and target.args else target
-        managed = isinstance(target, ast.Name) and "scaled" in target.id and not scaled  # apex scale_loss
+        managed = isinstance(target, ast.Name) and target.id in self._apex_scaled and not scaled
         recv = tail(receiver(target)) if scaled and isinstance(target, ast.Call) else tail(target)
         self._add(BACKWARD, c, ctx, recv=recv, arg=loss, scaled=scaled or managed, managed=managed)
 

@@ -40,7 +40,7 @@ def accumulations(scope: Scope) -> list[Accumulation]:
     steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
     bws = scope.of(BACKWARD)
     for g in scope.guards:
-        inside = [e for e in steps if g in e.guards and e.kind != ZERO_GRAD]
+        inside = [e for e in steps if g in e.guards]
         if not inside:
             continue
         loops = inside[0].loops
@@ -68,22 +68,42 @@ def accumulations(scope: Scope) -> list[Accumulation]:
 
 
 def divides_by(m: FileModel, count: ast.AST | None) -> bool:
-    """Is anything in the file divided (or multiplied by 1/x) by N or a name N is made of?"""
+    """Is a loss divided (or multiplied by 1/N) by N, or by a name N is made of, anywhere in the file?
+
+    Only divisions that can be the loss count: the left side mentions a loss, the result is
+    assigned to a `*loss*` name, returned from a helper, or fed to backward; `len(loader) // N`
+    and other step arithmetic do not.
+    """
     if count is None:
         return True  # unknown N: do not claim it is missing
-    wanted = names_in(count) - {"self", "args", "config", "cfg", "opt", "hparams", "params"}
+    wanted = names_in(count) - {"self", "args", "config", "cfg", "opt", "hparams", "params", "training_args"}
     literal = text(count)
+
+    def mentions_n(rhs: ast.AST) -> bool:
+        return text(rhs) == literal or bool(wanted and names_in(rhs) & wanted)
+
+    def lossy(node: ast.AST) -> bool:
+        return any("loss" in n.lower() for n in names_in(node))
+
+    loss_contexts: list[ast.AST] = []
     for n in ast.walk(m.tree):
-        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
-            rhs = n.right
-        elif isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
-            rhs = n.value
-        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} and n.args:
-            rhs = n.args[0]
-        else:
-            continue
-        if text(rhs) == literal or (wanted and names_in(rhs) & wanted):
+        if isinstance(n, ast.Assign) and any(lossy(t) for t in n.targets):
+            loss_contexts.append(n.value)
+        elif isinstance(n, ast.Return) and n.value is not None:
+            loss_contexts.append(n.value)
+        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"backward", "scale"}:
+            loss_contexts.append(n)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and lossy(n.target) and mentions_n(n.value):
             return True
+        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} \
+                and n.args and mentions_n(n.args[0]) and lossy(n.func):
+            return True
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and mentions_n(n.right) and lossy(n.left):
+            return True
+    for ctx in loss_contexts:
+        for n in ast.walk(ctx):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and mentions_n(n.right):
+                return True
     return False
 
 

@@ -21,6 +21,8 @@ def _unstable(m, n: ast.AST) -> str | None:
     if isinstance(n.func, ast.Name) and (m.names.qual(n.func) or "").split(".")[0] in _NUMERIC_MODULES:
         return None
     is_torch_fn = recv is not None and (m.names.qual(recv) or "").startswith("torch")
+    if t == "exp" and isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) and recv.value.id == "self":
+        return None  # a float32 parameter such as CLIP's logit_scale.exp()
     if t == "exp" and (is_torch_fn or (recv is not None and not isinstance(recv, ast.Name)) or
                        (recv is not None and recv.id not in m.names.alias)):
         return f"`{text(n)[:40]}` can overflow float16 (exp(x) > 65504 for x > 11)"

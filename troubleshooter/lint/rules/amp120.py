@@ -41,7 +41,8 @@ class MyOp(torch.autograd.Function):
                 continue
             methods = {d.name: d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
             missing = [name for name, deco in (("forward", "custom_fwd"), ("backward", "custom_bwd"))
-                       if name in methods and not any(deco in ast.unparse(d) for d in methods[name].decorator_list)]
+                       if name in methods and not any(deco in (m.names.qual(d.func if isinstance(d, ast.Call) else d) or "")
+                                                      for d in methods[name].decorator_list)]
             if missing:
                 yield Hit.at(cls, f"autograd Function `{cls.name}` has no `{'/'.join('custom_fwd' if x == 'forward' else 'custom_bwd' for x in missing)}` "
                                   "decorator in a script that uses autocast")

@@ -6,6 +6,8 @@ from ..analysis import tail
 from ._steps import training_regions
 from .base import Hit, Rule
 
+_BN_MODELS = re.compile(r"^torchvision\.models\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|"
+                        r"inception|googlenet|mnasnet|shufflenet|vgg\d+_bn)")
 _BN = re.compile(r"^(Sync)?BatchNorm(\d d)?$|^BatchNorm[123]d$|^SyncBatchNorm$")
 
 
@@ -34,5 +36,9 @@ with torch.autocast("cuda", dtype=torch.bfloat16):  # or keep BN in float32
         if not any(True for _ in training_regions(m, ("fp16",))):
             return
         for n in ast.walk(m.tree):
-            if isinstance(n, ast.Call) and _BN.match(tail(n.func) or ""):
+            if not isinstance(n, ast.Call):
+                continue
+            if _BN.match(tail(n.func) or ""):
                 yield Hit.at(n, f"`{tail(n.func)}` is trained under float16 autocast")
+            elif _BN_MODELS.match(m.names.qual(n.func) or ""):
+                yield Hit.at(n, f"`{tail(n.func)}` (BatchNorm inside) is trained under float16 autocast")

@@ -35,6 +35,11 @@ optimizer.step()
             bws = [e for e in s.of(BACKWARD) if not e.managed and not e.scaled]
             if not bws:
                 continue
-            kinds = {ac.dtype for ac, _, nograd in s.regions if ac.active and not nograd}
+            regions = list(s.regions)
+            for name in s.calls:  # autocast inside a compute_loss() helper the loop calls
+                for callee in m.by_name.get(name, []):
+                    if not callee.is_eval:
+                        regions += callee.regions
+            kinds = {ac.dtype for ac, _, nograd in regions if ac.active and not nograd}
             if "bf16" in kinds or ("fp16" in kinds and not m.any_scaler):
                 yield Hit.at(bws[0].node, "half-precision training step without a non-finite check on the loss")

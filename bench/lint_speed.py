@@ -1,0 +1,119 @@
+"""Linter speed: our AMP linter vs TorchFix on the same generated corpus, side by side in one run.
+
+Generates >= 100k lines of training-script code (the lint fixtures: nanoGPT-like, timm-like, Trainer
+classes, every rule's flagged and clean scripts, concatenated into ~1000-line files), then times
+  - ours, in-process (`lint_paths` on the directory: read, parse, analyse, all 24 rules),
+  - ours, the CLI (`python -m troubleshooter lint DIR --format json`, interpreter start included),
+  - TorchFix CLI (`torchfix -j 1 DIR`, one process like ours; and with its default parallel jobs),
+each the median of --repeat runs, and prints ms per 1000 lines and the ratio.
+
+    python bench/lint_speed.py [--lines 100000] [--repeat 3] [--json out.json]
+TorchFix is optional (`pip install -r requirements-bench.txt`); without it only ours is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FIXTURES = ROOT / "tests" / "fixtures" / "lint"
+
+
+def generate(out_dir: Path, min_lines: int, lines_per_file: int = 1000) -> tuple[int, int]:
+    """Write realistic training scripts into out_dir; return (files, lines)."""
+    sources = [p.read_text() for p in sorted(FIXTURES.glob("*.py"))]
+    total = files = 0
+    i = 0
+    while total < min_lines:
+        chunk, n = [], 0
+        while n < lines_per_file:
+            src = sources[i % len(sources)].replace("def train(", f"def train_{i}(")
+            i += 1
+            chunk.append(src)
+            n += src.count("\n")
+        (out_dir / f"train_{files:04d}.py").write_text("\n".join(chunk))
+        files += 1
+        total += n + len(chunk) - 1
+    return files, total
+
+
+def _median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    from troubleshooter.lint import lint_paths
+
+    tmp = Path(tempfile.mkdtemp(prefix="lint_bench_"))
+    try:
+        files, lines = generate(tmp, args.lines)
+        kl = lines / 1000
+        results = {"files": files, "lines": lines, "python": platform.python_version(),
+                   "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "repeat": args.repeat}
+        findings = {}
+
+        def ours_api():
+            findings["n"] = len(lint_paths([str(tmp)]).findings)
+
+        results["ours_api_s"] = _median_time(ours_api, args.repeat)
+        results["ours_findings"] = findings["n"]
+        cmd = [sys.executable, "-m", "troubleshooter", "lint", str(tmp), "--format", "json"]
+        results["ours_cli_s"] = _median_time(lambda: subprocess.run(cmd, capture_output=True, cwd=ROOT), args.repeat)
+        startup = [sys.executable, "-m", "troubleshooter", "--version"]
+        results["ours_cli_startup_s"] = _median_time(lambda: subprocess.run(startup, capture_output=True, cwd=ROOT),
+                                                     args.repeat)
+        tf = shutil.which("torchfix")
+        if tf:
+            results["torchfix_version"] = subprocess.run([tf, "--version"], capture_output=True, text=True).stdout.strip()
+            results["torchfix_j1_s"] = _median_time(
+                lambda: subprocess.run([tf, "-j", "1", str(tmp)], capture_output=True), args.repeat)
+            results["torchfix_default_jobs_s"] = _median_time(
+                lambda: subprocess.run([tf, str(tmp)], capture_output=True), args.repeat)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"corpus: {files} files, {lines} lines ({results['machine']}, Python {results['python']}, "
+          f"median of {args.repeat})")
+    print(f"ours (API, in-process)   {results['ours_api_s']:7.2f} s  {1000 * results['ours_api_s'] / kl:7.2f} ms/1k lines"
+          f"  ({results['ours_findings']} findings)")
+    print(f"ours (CLI, incl. start)  {results['ours_cli_s']:7.2f} s  {1000 * results['ours_cli_s'] / kl:7.2f} ms/1k lines"
+          f"  (CLI start alone {results['ours_cli_startup_s']:.2f} s)")
+    if "torchfix_j1_s" in results:
+        print(f"torchfix -j 1            {results['torchfix_j1_s']:7.2f} s  "
+              f"{1000 * results['torchfix_j1_s'] / kl:7.2f} ms/1k lines  ({results['torchfix_version']})")
+        print(f"torchfix (default jobs)  {results['torchfix_default_jobs_s']:7.2f} s  "
+              f"{1000 * results['torchfix_default_jobs_s'] / kl:7.2f} ms/1k lines")
+        results["ratio_api_vs_torchfix_j1"] = results["ours_api_s"] / results["torchfix_j1_s"]
+        results["ratio_cli_vs_torchfix_j1"] = results["ours_cli_s"] / results["torchfix_j1_s"]
+        print(f"ours/torchfix (same single core): API {results['ratio_api_vs_torchfix_j1']:.3f}, "
+              f"CLI {results['ratio_cli_vs_torchfix_j1']:.3f}  (target <= 0.25)")
+    else:
+        print("torchfix not installed: pip install -r requirements-bench.txt to compare")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
