@@ -15,7 +15,7 @@ _WORKER = __name__ == "__mp_main__"
 if not _WORKER:
     import gradio as gr
 
-    from troubleshooter.ui import api, check, diagnose, host, specinput, speedup
+    from troubleshooter.ui import api, check, diagnose, host, questionnaire, recipe, specinput, speedup
     from troubleshooter.ui.glue import api_event, page_event
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
@@ -157,6 +157,77 @@ def _check_tab() -> None:
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json], **FAST, **PAGE)
 
 
+def _question_control(q: dict):
+    """One control per question of data/questions.yaml, by its type."""
+    kind, label, key = questionnaire.control_kind(q), q.get("prompt", q["key"]), f"q-{q['key']}"
+    default = q.get("default")
+    if kind == "choice":
+        return gr.Radio(questionnaire.choice_labels(q), value=default, label=label, elem_id=key)
+    if kind == "list":
+        return gr.CheckboxGroup(questionnaire.choice_labels(q), value=default or [], label=label, elem_id=key)
+    if kind == "bool":
+        return gr.Checkbox(bool(default), label=label, elem_id=key)
+    if kind == "tristate":
+        return gr.Radio(["yes", "no", questionnaire.UNKNOWN], value=questionnaire.UNKNOWN, label=label, elem_id=key)
+    if kind in ("int", "number"):
+        return gr.Number(default, label=label, precision=0 if kind == "int" else None, minimum=q.get("min"),
+                         elem_id=key)
+    if kind == "log":
+        return gr.Textbox(label=label, lines=6, max_lines=20, elem_id=key,
+                          placeholder="e.g. RuntimeError: ... or a few lines of your training log")
+    return gr.Textbox(default if default not in (None, "detect") else "", label=label, elem_id=key)
+
+
+def _recipe_control(opt: dict):
+    label, key = f"{opt['flag']}: {opt.get('help', '')}", f"r-{opt['name']}"
+    if opt["type"] == "choice":
+        return gr.Dropdown(opt["choices"], value=opt.get("default"), label=label, elem_id=key)
+    if opt["type"] == "bool":
+        return gr.Checkbox(bool(opt.get("default")), label=label, elem_id=key)
+    return gr.Number(opt.get("default"), label=label, precision=0 if opt["type"] == "int" else None,
+                     minimum=opt.get("min"), elem_id=key)
+
+
+def _questionnaire_tab() -> None:
+    gr.Markdown("Answer what you know (only the GPU is required); get FP16, BF16 or FP32 with the reason "
+                "for each decision, and a training loop that is right by construction.")
+    controls, by_key = [], {}
+    with gr.Row():
+        with gr.Column(scale=2):
+            for q in _safe(questionnaire.questions, []):
+                control = _question_control(q)
+                controls.append(control)
+                by_key[q["key"]] = control
+                if q["key"] == "gpu":
+                    with gr.Row():
+                        detect = gr.Button("Detect my GPU", size="sm", elem_id="q-detect")
+                    detected = gr.Markdown(elem_id="q-detected")
+                if q["key"] == "log":
+                    explain_btn = gr.Button("Explain this error", size="sm", elem_id="q-explain")
+                    explanation = gr.Markdown(elem_id="q-explanation")
+            run = gr.Button("Recommend", variant="primary", elem_id="q-run")
+        with gr.Column(scale=3):
+            verdict = gr.Markdown(elem_id="q-recommendation", elem_classes=["status-box"])
+            code = gr.Code(language="python", label="Your training loop (train_amp.py)", interactive=False,
+                           lines=20, max_lines=40, elem_id="q-code")
+            script = gr.File(label="Download train_amp.py", interactive=False, elem_id="q-script")
+            with gr.Accordion("Adjust the training loop", open=False):
+                options = [_recipe_control(o) for o in _safe(recipe.options_meta, [])]
+                regen = gr.Button("Regenerate", elem_id="q-regenerate")
+                regen_status = gr.Markdown()
+    if not controls:
+        return
+    run.click(page_event(questionnaire.ui_recommend, 3 + len(options)), controls,
+              [verdict, code, script, *options], **FAST, **PAGE)
+    regen.click(page_event(recipe.ui_render, 3), options, [regen_status, code, script], **FAST, **PAGE)
+    if "gpu" in by_key:
+        detect.click(page_event(questionnaire.ui_detect, 2, status_index=1, clear=False), None,
+                     [by_key["gpu"], detected], **GPU_QUEUE, **PAGE)
+    if "log" in by_key and "symptoms" in by_key:
+        explain_btn.click(page_event(questionnaire.ui_explain, 2, clear=False), [by_key["log"], by_key["symptoms"]],
+                          [explanation, by_key["symptoms"]], **FAST, **PAGE)
+
+
 def _safe(fn, default):
     """Build-time data (rule list, presets) must not keep the page from starting."""
     try:
@@ -194,6 +265,16 @@ def _api_endpoints() -> None:
                                  [result, skip_png], api_name="check", **GPU_QUEUE)
         ckpt, ckpt_report = gr.File(label="checkpoint"), gr.Textbox(label="report")
         gr.Button("inspect").click(api_event(check.inspect_upload), [ckpt], [ckpt_report], api_name="inspect", **FAST)
+        answers, decision, loop = gr.Textbox(label="answers"), gr.Textbox(label="decision"), gr.Textbox(label="code")
+        loop_file = gr.File(label="train_amp.py")
+        gr.Button("recommend").click(api_event(questionnaire.api_recommend), [answers], [decision, loop, loop_file],
+                                     api_name="recommend", **FAST)
+        log_text, explained = gr.Textbox(label="text"), gr.Textbox(label="report")
+        gr.Button("explain").click(api_event(questionnaire.api_explain), [log_text], [explained],
+                                   api_name="explain", **FAST)
+        options_json = gr.Textbox(label="options")
+        gr.Button("recipe").click(api_event(recipe.api_recipe), [options_json], [loop, loop_file],
+                                  api_name="recipe", **FAST)
         cap = gr.Textbox(label="capability")
         gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
                                       **GPU_QUEUE)
@@ -209,6 +290,8 @@ def build_demo() -> gr.Blocks:
                 _diagnose_tab()
             with gr.Tab("Check a model", id="check"):
                 _check_tab()
+            with gr.Tab("Questionnaire", id="questionnaire"):
+                _questionnaire_tab()
             with gr.Tab("Speedup check", id="speedup"):
                 _speedup_tab()
         _api_endpoints()

@@ -1,0 +1,192 @@
+"""Questionnaire tab: answers -> FP16/BF16/FP32 with reasons and a generated training loop.
+
+The questions come from `troubleshooter/data/questions.yaml` (via `questionnaire.questions()`),
+so the page shows exactly what `ask` asks; this module maps them to controls and back.
+"""
+from __future__ import annotations
+
+import json
+
+from ..errors import UserError
+from . import common, recipe
+from .server import SETTINGS
+
+UNKNOWN = "don't know"
+
+
+def _q():
+    from .. import questionnaire
+
+    return questionnaire
+
+
+def _as_dict(q) -> dict:
+    return q if isinstance(q, dict) else {k: getattr(q, k) for k in dir(q) if not k.startswith("_")}
+
+
+def questions() -> list[dict]:
+    return [_as_dict(q) for q in _q().questions()]
+
+
+def control_kind(q: dict) -> str:
+    """Which control shows this question: text, log, choice, list, number, int, bool, tristate."""
+    kind = q.get("type")
+    if kind == "text" and q.get("multiline"):
+        return "log"
+    if kind == "bool" and q.get("default") is None:
+        return "tristate"  # yes / no / don't know: "not answered" must stay possible
+    return kind
+
+
+def choice_labels(q: dict) -> list[tuple[str, str]]:
+    helps = q.get("choice_help") or {}
+    return [(f"{c}: {helps[c]}" if c in helps else str(c), c) for c in q.get("choices") or []]
+
+
+def _convert(q: dict, value):
+    kind = control_kind(q)
+    if value is None or value == "" or value == []:
+        return [] if kind == "list" else None
+    if kind == "tristate":
+        return None if value == UNKNOWN else value == "yes"
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        if float(value) != int(value):
+            raise UserError(f"{q['key']}: expected a whole number, not {value}")
+        return int(value)
+    if kind == "number":
+        return float(value)
+    if kind in ("text", "log"):
+        text = str(value).strip()
+        if kind == "log":
+            common.check_text_size(text, SETTINGS.max_file_bytes, "the pasted log")
+        return text or None
+    return value
+
+
+def answers_from_controls(*values) -> dict:
+    """Control values in `questions()` order -> the answers dict `decide` takes (unanswered left out)."""
+    answers = {}
+    for q, value in zip(questions(), values):
+        converted = _convert(q, value)
+        if converted is not None and converted != []:
+            answers[q["key"]] = converted
+        elif control_kind(q) == "list":
+            answers[q["key"]] = []
+    return answers
+
+
+_LABEL = {"bf16": "BF16 (autocast, no loss scaling)", "fp16": "FP16 with GradScaler", "fp32": "stay in FP32"}
+
+
+def decision_markdown(d: dict) -> str:
+    precision = str(d.get("precision", "?"))
+    lines = [f"## Recommendation: {_LABEL.get(precision, precision.upper())}"]
+    if d.get("device"):
+        lines.append(f"*for {d['device']}*")
+    lines += ["", "**Why:**"]
+    by_answer = d.get("reasons_by_answer")
+    if by_answer:
+        lines += [f"- {r['reason']} *({r['answer']})*" for r in by_answer]
+    else:
+        lines += [f"- {r}" for r in d.get("reasons") or []]
+    warnings = d.get("warnings") or []
+    if warnings:
+        lines += ["", "**Watch out:**"] + [f"- {w}" for w in warnings]
+    if d.get("symptoms_from_log"):
+        lines += ["", "Symptoms read from the pasted log: " + ", ".join(d["symptoms_from_log"])]
+    return "\n".join(lines) + "\n"
+
+
+def _fill_detected(answers: dict) -> dict:
+    """`gpu` empty or 'detect' -> this host's device, from the worker-run capability probe
+    (deciding it in the server process would create a CUDA context there)."""
+    answers = dict(answers)
+    if str(answers.get("gpu") or "detect").strip().lower() == "detect":
+        from .check import capability
+
+        cap = capability("auto")
+        if (cap.get("kind") or cap.get("device")) == "cpu":
+            answers["gpu"] = "cpu"
+            native = (cap.get("bf16") or {}).get("native") if isinstance(cap.get("bf16"), dict) else None
+            if answers.get("cpu_bf16") is None and native is not None:
+                answers["cpu_bf16"] = bool(native)
+        else:
+            answers["gpu"] = cap.get("name") or "detect"
+    return answers
+
+
+def recommend(answers: dict) -> dict:
+    """`decide(answers).to_dict()` (the `ask --format json` object); UserError on bad answers."""
+    return _q().decide(_fill_detected(answers)).to_dict()
+
+
+def _decision_options(d: dict) -> dict:
+    return dict(d.get("recipe_options") or {})
+
+
+def ui_recommend(*values) -> tuple:
+    """The Recommend button: (recommendation, code, train_amp.py, *recipe-builder control values)."""
+    answers = answers_from_controls(*values)
+    d = recommend(answers)
+    options = _decision_options(d)
+    code, path = recipe.render(options)
+    return (decision_markdown(d), code, path, *recipe.controls_from_options(options))
+
+
+def ui_detect() -> tuple[str, str]:
+    """The "detect my GPU" button: (hardware answer, the capability line)."""
+    from .check import capability
+
+    cap = capability("auto")
+    kind = cap.get("kind") or cap.get("device")
+    name = cap.get("name") or ""
+    answer = "cpu" if kind == "cpu" else name
+    summary = cap.get("summary") or name
+    rec = cap.get("recommended_precision")
+    return answer, f"Detected: **{summary}**" + (f" — capability check suggests **{rec}**" if rec else "")
+
+
+def explain(text: str) -> dict:
+    text = common.check_text_size(text, SETTINGS.max_file_bytes, "the pasted log")
+    if not text.strip():
+        raise UserError("paste an error message or a training log to explain")
+    from ..explain import explain_log
+
+    report = explain_log(text)
+    return {"report": report.to_dict(), "markdown": report.to_markdown(), "symptoms": list(report.symptoms)}
+
+
+def ui_explain(text: str, symptoms) -> tuple[str, list]:
+    """The Explain button: (explanation, symptoms with the ones found added)."""
+    r = explain(text)
+    chosen = list(symptoms or [])
+    chosen += [s for s in r["symptoms"] if s not in chosen]
+    return r["markdown"], chosen
+
+
+def parse_answers(answers) -> dict:
+    if isinstance(answers, dict):
+        return answers
+    if answers is None or not str(answers).strip():
+        raise UserError('answers must be a JSON object, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}')
+    try:
+        value = json.loads(answers)
+    except ValueError as exc:
+        raise UserError(f'answers must be a JSON object, e.g. {{"gpu": "A100"}}: {exc}') from None
+    if not isinstance(value, dict):
+        raise UserError('answers must be a JSON object, e.g. {"gpu": "A100"}')
+    return value
+
+
+def api_recommend(answers: str) -> tuple[dict, str, str]:
+    """The `recommend` endpoint: answers JSON -> (decision JSON, generated loop, train_amp.py)."""
+    d = recommend(parse_answers(answers))
+    code, path = recipe.render(_decision_options(d))
+    return d, code, path
+
+
+def api_explain(text: str) -> dict:
+    """The `explain` endpoint: a pasted error/log -> the explain report JSON."""
+    return explain(text)["report"]
