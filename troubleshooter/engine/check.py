@@ -217,8 +217,6 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
                 result.update(out[2])
             result[name] = section
             findings += [_tagged(f, name) for f in found]
-        except UserError:
-            raise
         except Exception as exc:  # noqa: BLE001 - one failing check must not lose the others
             errors[name] = _error_entry(name, exc, dev)
         finally:

@@ -17,7 +17,7 @@ import torch
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
-from .training_step import build, training_step
+from .training_step import build, device_batch, training_step
 
 RULE, NAME = "AMP204", "high-skip-rate"
 DEFAULT_INIT_SCALE = 65536.0
@@ -56,7 +56,7 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
     before = float(scaler.get_scale())  # init_scale: no sync before the first step
     try:
         for i in range(steps):
-            batch = workload.batch(device, seed=seed * 100003 + i)
+            batch = device_batch(workload, device, seed * 100003 + i)
             losses.append(training_step(workload, model, optimizer, scaler, batch, "fp16", device))
             after = float(scaler.get_scale())
             scales.append((before, after))
