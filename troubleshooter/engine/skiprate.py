@@ -143,7 +143,8 @@ def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps
     device = torch.device(device)
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    series = run_steps(workload, device, steps, seed, init_scale)
+    with prec.precision_mode("fp16", device):
+        series = run_steps(workload, device, steps, seed, init_scale)
     summary, rec = summarize(series, init_scale)
     if summary["nonfinite_losses"] and not _fp32_loss_finite(workload, device, seed):
         rec = {"action": "fix_model", "severity": None,
