@@ -31,6 +31,12 @@ def _seen(result):
             if f["severity"] in ("warning", "error")}
 
 
+def test_command_constants_match_the_engine():
+    from troubleshooter.commands import check as command
+
+    assert command.CHECKS == check.CHECKS and command.DEFAULT_STEPS == check.DEFAULT_STEPS
+
+
 def test_parse_only_orders_and_validates():
     assert check.parse_only("nan, alignment") == ["alignment", "nan"]
     assert check.parse_only(None) == list(check.CHECKS)
