@@ -1,0 +1,130 @@
+"""What the NaN-hunt hooks cost per training step, next to torch.autograd.detect_anomaly.
+
+Same model, same batch, one process: plain steps, steps with `nanhunt` (one sync per step),
+and steps inside `detect_anomaly()`, interleaved in rotating order so drift on a shared
+machine hits every mode alike. Reports medians and the ratio
+
+    (hooks - plain) / (anomaly - plain)      target: <= 0.2
+
+    python bench/nan_overhead.py                       # small GPT preset on CPU, < 2 minutes
+    python bench/nan_overhead.py --device cuda --precision bf16 --preset gpt:d_model=768,n_layer=12
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from troubleshooter.engine import precision as prec  # noqa: E402
+from troubleshooter.engine.nanhunt import nanhunt  # noqa: E402
+from troubleshooter.spec import SpecSource, load_workload  # noqa: E402
+
+MODES = ("plain", "nanhunt", "detect_anomaly")
+DEFAULT_PRESET = "gpt:vocab_size=2048,d_model=128,n_layer=2,n_head=4,seq_len=64,batch_size=8"
+
+
+def _step(workload, model, opt, scaler, batch, precision, device) -> None:
+    opt.zero_grad(set_to_none=True)
+    with prec.autocast(precision, device):
+        loss = workload.loss(model, batch)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
+def _time_block(mode, workload, model, opt, scaler, batch, precision, device, steps) -> list[float]:
+    """Per-step seconds for `steps` steps in one mode (hooks attached only for this block)."""
+    hunt = nanhunt(model, log=False, scaler=scaler).attach() if mode == "nanhunt" else None
+    anomaly = torch.autograd.detect_anomaly() if mode == "detect_anomaly" else contextlib.nullcontext()
+    times = []
+    try:
+        with anomaly:
+            for _ in range(steps):
+                prec.synchronize(device)
+                t0 = time.perf_counter()
+                _step(workload, model, opt, scaler, batch, precision, device)
+                if hunt is not None:
+                    hunt.step()  # the one host sync of a hooked step, inside the timed region
+                prec.synchronize(device)
+                times.append(time.perf_counter() - t0)
+    finally:
+        if hunt is not None:
+            hunt.detach()
+    return times
+
+
+def run(preset: str, device: str, precision: str, repeats: int, steps: int, warmup: int) -> dict:
+    device = prec.resolve_device(device)
+    workload = load_workload(SpecSource.preset(preset))
+    torch.manual_seed(0)
+    model = workload.build_model().to(device)
+    model.train()
+    opt = workload.make_optimizer(list(model.parameters()))
+    scaler = prec.make_scaler(precision, device)
+    batch = workload.batch(device, seed=0)
+    warnings.filterwarnings("ignore", message=".*[Aa]nomaly.*")
+    for mode in MODES:  # warm-up: allocator, autograd caches, first-call costs of each mode
+        _time_block(mode, workload, model, opt, scaler, batch, precision, device, warmup)
+    per_mode: dict[str, list[float]] = {m: [] for m in MODES}
+    for r in range(repeats):
+        order = MODES[r % 3:] + MODES[:r % 3]
+        for mode in order:
+            block = _time_block(mode, workload, model, opt, scaler, batch, precision, device, steps)
+            per_mode[mode].append(statistics.median(block))
+    med = {m: statistics.median(v) for m, v in per_mode.items()}
+    ours = med["nanhunt"] - med["plain"]
+    anomaly = med["detect_anomaly"] - med["plain"]
+    return {
+        "preset": preset, "device": str(device), "precision": precision, "repeats": repeats,
+        "steps_per_block": steps, "median_step_s": med,
+        "added_s": {"nanhunt": ours, "detect_anomaly": anomaly},
+        "ratio": ours / anomaly if anomaly > 0 else float("nan"),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default=DEFAULT_PRESET, help="model preset (default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    ap.add_argument("--precision", default="fp32", help="fp32, tf32, fp16 or bf16 (default: fp32)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds (default: 7)")
+    ap.add_argument("--steps", type=int, default=4, help="steps per mode per round (default: 4)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch (default: 1; on a loaded shared VM more threads "
+                         "spin against each other and swamp the difference being measured)")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up steps per mode (default: 2)")
+    args = ap.parse_args(argv)
+    precision = prec.check_precision(args.precision)
+    if args.repeats < 1 or args.steps < 1 or args.threads < 1:
+        ap.error("--repeats, --steps and --threads must be at least 1")
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    res = run(args.preset, args.device, precision, args.repeats, args.steps, args.warmup)
+    med, plain = res["median_step_s"], res["median_step_s"]["plain"]
+    print(f"model: preset {res['preset']} ({res['params'] / 1e6:.2f} M params), device {res['device']}, "
+          f"{precision}; torch {torch.__version__}; {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{res['repeats']} interleaved rounds x {res['steps_per_block']} steps per mode; medians\n")
+    print("| mode | step time (ms) | added vs plain (ms) | relative |")
+    print("| --- | ---: | ---: | ---: |")
+    for mode in MODES:
+        added = med[mode] - plain
+        print(f"| {mode} | {med[mode] * 1e3:.1f} | {added * 1e3:+.1f} | {med[mode] / plain:.2f}x |")
+    verdict = "meets" if res["ratio"] <= 0.2 else "misses"
+    print(f"\nratio (nanhunt added / detect_anomaly added) = {res['ratio']:.3f} "
+          f"-> {verdict} the <= 0.2 target   [{time.perf_counter() - t0:.0f} s]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The engine's `nan` check: the first non-finite module per precision, as findings."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from troubleshooter.engine.nanhunt import hunt_nonfinite
+from troubleshooter.workload import Workload
+
+
+def workload(build, loss_weight=1.0, scale=1.0, features=16, name="t"):
+    def make_batch(bs, device, gen):
+        x = torch.randn(bs, features, generator=gen) * scale
+        y = torch.randint(0, 4, (bs,), generator=gen)
+        return (x.to(device),), y.to(device)
+
+    return Workload(name, build, make_batch, nn.functional.cross_entropy,
+                    lambda p: torch.optim.SGD(p, lr=0.1), 8, loss_weight=loss_weight)
+
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+
+class Sqrt(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x)
+
+
+def overflow_at_2():
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    with torch.no_grad():
+        m[2].weight.mul_(2e5)  # |output of '2'| ~ 1e5: fine in fp32/bf16, inf in float16
+    return m
+
+
+def by_rule(result):
+    return sorted((f.rule, f.location.module, f.precision) for f in result["findings"])
+
+
+def test_fp16_only_overflow_is_amp202_at_the_layer():
+    r = hunt_nonfinite(workload(overflow_at_2), "cpu")
+    assert by_rule(r) == [("AMP202", "2", "fp16")]
+    fp16 = r["precisions"]["fp16"]["first_forward"]
+    assert fp16["module"] == "2" and fp16["class"] == "Linear" and fp16["dtype"] == "float16"
+    assert fp16["created"] and fp16["kind"] == "inf" and fp16["output_max_abs"] == ["inf"]
+    assert r["precisions"]["fp32"]["first_forward"] is None and r["precisions"]["bf16"]["first_forward"] is None
+    f = r["findings"][0]
+    assert f.data["reference"]["precision"] == "fp32" and f.data["reference"]["max_abs"] > 65504
+
+
+def test_nan_in_every_precision_is_amp205_in_each():
+    build = lambda: nn.Sequential(nn.Linear(16, 32), Log(), nn.Linear(32, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build), "cpu")
+    assert by_rule(r) == [("AMP205", "1", "bf16"), ("AMP205", "1", "fp16"), ("AMP205", "1", "fp32")]
+    for p, section in r["precisions"].items():
+        ff = section["first_forward"]
+        assert ff["class"] == "Log" and ff["kind"] == "nan" and ff["created"], p
+        assert section["loss_finite"] is False and section["loss"] is None
+        assert section["first_backward"]["caused_by_forward"] is True
+
+
+def test_backward_only_nonfinite_is_amp206_at_the_module_whose_backward_makes_it():
+    build = lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), Sqrt(), nn.Linear(32, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build), "cpu")
+    assert by_rule(r) == [("AMP206", "2", "bf16"), ("AMP206", "2", "fp16"), ("AMP206", "2", "fp32")]
+    fb = r["precisions"]["fp32"]["first_backward"]
+    assert fb["class"] == "Sqrt" and fb["grad_of"] == "input" and fb["kind"] == "inf"
+    assert r["precisions"]["fp32"]["first_forward"] is None
+    fp16 = r["precisions"]["fp16"]
+    # the scaled backward (what a real fp16 run does) is reported apart from the unscaled one
+    assert fp16["scaled_backward"]["loss_scale"] == 65536.0 and fp16["first_backward"]["loss_scale"] == 1.0
+
+
+def test_scaled_only_backward_overflow_is_a_skip_not_a_finding():
+    def build():
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        with torch.no_grad():
+            m[2].weight.mul_(300.0)  # loss ~1e3: x 65536 overflows float16 gradients, x 1 does not
+        return m
+
+    r = hunt_nonfinite(workload(build), "cpu")
+    assert r["findings"] == []
+    fp16 = r["precisions"]["fp16"]
+    assert fp16["skipped_steps"] == 1 and fp16["scaled_backward"] is not None
+    assert fp16["first_backward"] is None and fp16["first_forward"] is None
+
+
+def test_clean_model_with_inplace_relu_stays_clean_and_json_safe():
+    build = lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(inplace=True), nn.Linear(32, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build), "cpu", steps=2)
+    assert r["findings"] == [] and r["device"] == "cpu"
+    for section in r["precisions"].values():
+        assert section["loss_finite"] and section["first_forward"] is None and section["first_backward"] is None
+        assert section["steps_run"] == 2
+    json.dumps(r["precisions"], allow_nan=False)
+
+
+def test_nonfinite_input_batch_is_reported_as_propagated():
+    build = lambda: nn.Sequential(nn.Linear(16, 8), nn.Linear(8, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build, scale=1e39), "cpu", precisions=("fp32",))
+    ff = r["precisions"]["fp32"]["first_forward"]
+    assert ff["module"] == "0" and not ff["created"] and "input batch" in ff["source"]
+    assert by_rule(r) == [("AMP205", "0", "fp32")]
+    json.dumps(r["precisions"], allow_nan=False)
+
+
+def test_loss_only_nonfinite_and_failing_precision_do_not_crash():
+    build = lambda: nn.Sequential(nn.Linear(16, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build, loss_weight=float("inf")), "cpu", precisions=("fp32",))
+    assert by_rule(r) == [("AMP205", None, "fp32")]
+
+    class Broken(nn.Linear):
+        def forward(self, x):
+            raise RuntimeError("kernel not implemented for this dtype")
+
+    r = hunt_nonfinite(workload(lambda: Broken(16, 4)), "cpu", precisions=("fp32", "bf16"))
+    assert "kernel not implemented" in r["precisions"]["fp32"]["error"] and r["findings"] == []
+
+
+def test_bad_precision_is_a_user_error():
+    from troubleshooter.errors import UserError
+
+    with pytest.raises(UserError):
+        hunt_nonfinite(workload(lambda: nn.Linear(16, 4)), "cpu", precisions=("fp8",))
