@@ -64,7 +64,7 @@ def test_every_precision_has_numbers_and_tf32_is_unavailable_on_cpu(result):
         assert r["throughput_unit"] == "samples/s"
         assert r["peak_memory_bytes"] > 0 and "profiler" in r["peak_memory_method"]
         assert r["achieved_tflops"] > 0 and r["peak_share"] is None
-        assert math.isfinite(r["final_loss"]) and len(r["losses"]) == r["warmup_steps"] >= 2
+        assert math.isfinite(r["final_loss"]) and len(r["losses"]) == r["warmup_steps"] >= 1
         assert r["final_loss"] == r["losses"][r["loss_after_steps"] - 1]
     # the interleaved rounds give every precision the same number of samples
     assert len({r["samples"] for r in result["results"].values()}) == 1

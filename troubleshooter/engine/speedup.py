@@ -336,8 +336,9 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
 def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
     """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
 
-    The warm-up is cut short (to at least 2 steps) once it has eaten this precision's share of
-    the budget; the losses are then compared at the step count all precisions reached.
+    The warm-up is cut short once it has eaten this precision's share of the budget (after one
+    step for a very slow eager model, two with --compile); the losses are then compared at the
+    step count all precisions reached.
     """
     cuda = dev.type == "cuda"
     if cuda:
@@ -349,11 +350,17 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
     spent, n = 0.0, 0
     while n < warmup_steps:
         batch = batches[n % len(batches)]
-        # step 2 on a CPU is traced for memory: by then the optimizer state exists
-        seconds = _cpu_memory_step(runner, batch) if (n == 1 and dev.type == "cpu") else runner.warm_up_step(batch)
-        spent += seconds if n else 0.0  # the first step carries one-time costs (compiling, init)
+        # the first step on a CPU is traced for memory: it allocates grads and optimizer state in view
+        seconds = _cpu_memory_step(runner, batch) if (n == 0 and dev.type == "cpu") else runner.warm_up_step(batch)
         n += 1
-        if n >= 2 and spent > share_s:
+        if n == 1:
+            # one-time costs (compiling, library init) make the first step unrepresentative; only a
+            # step so slow that it alone used the share stops an eager warm-up here
+            if not compile and seconds > share_s:
+                break
+            continue
+        spent += seconds
+        if spent > share_s:
             break
     if cuda:
         prec.synchronize(dev)
@@ -367,8 +374,8 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
 
 def _cpu_memory_step(runner: _Runner, batch) -> float:
     """A warm-up step whose CPU tensor memory is traced; sets the runner's peak memory."""
-    # grads are dropped first: the profiler cannot see frees of blocks allocated before it
-    # started, so they would be counted twice; the step allocates them again, in view
+    # grads are dropped first (there are none on the first step): the profiler cannot see frees
+    # of blocks allocated before it started, so they would be counted twice
     runner.optimizer.zero_grad(set_to_none=True)
     steady = _tensor_bytes(list(runner.model.parameters()), runner.optimizer.state_dict()["state"])
     took: list[float] = []
