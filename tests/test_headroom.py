@@ -105,3 +105,9 @@ def test_large_values_from_an_fp32_module_overflow_where_they_are_cast_to_fp16()
     act = {a["module"]: a for a in r.activations}
     assert act["0"]["max_abs"] > 65504 and not act["0"]["fp16_output"]
     assert r.first_overflow == "1" and ("AMP202", "1", "fp16", "error") in _rules(r)
+
+
+def test_underflow_that_gradscalers_default_scale_fixes_is_only_info():
+    r = hr.check_headroom(cw.mlp((32, 64, 10), batch_size=16, loss_weight=1e-4))
+    assert r.gradient_summary["min_loss_scale"] <= 65536
+    assert [(f.rule, f.severity.value) for f in r.findings] == [("AMP203", "info")]

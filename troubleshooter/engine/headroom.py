@@ -32,6 +32,7 @@ SUBNORMAL_INFO = 0.25
 NEAR_OVERFLOW_BITS = 1.0
 BF16_WARN, BF16_INFO = 0.10, 0.02  # relative error of the loss (or output) against fp32
 GROUP_AFTER = 12
+DEFAULT_SCALE = 65536.0  # GradScaler's init_scale
 _CHUNK = 1 << 24
 
 
@@ -383,6 +384,12 @@ def _scale_suggestion(s: dict[str, Any]) -> str:
             "Or train in bf16, which needs no loss scaling.")
 
 
+def _default_scale_covers(g: dict[str, Any]) -> bool:
+    """GradScaler starts at 65536: enough when the window's floor is at or below it and fits."""
+    lo = g.get("min_loss_scale")  # above the max, GradScaler backs off into the window by itself
+    return lo is not None and lo <= DEFAULT_SCALE and g.get("fits") is not False
+
+
 def _underflow_findings(r: HeadroomResult) -> list[Finding]:
     s = r.gradient_summary
     suggestion = _scale_suggestion(s)
@@ -392,17 +399,22 @@ def _underflow_findings(r: HeadroomResult) -> list[Finding]:
         msg = (f"{g['class']} '{g['module']}': without loss scaling {g['flush_to_zero_share']:.1%} of its "
                f"nonzero gradient elements would flush to zero in float16 (|g| < 6e-8) and "
                f"{g['subnormal_share']:.1%} would be subnormal (|g| < 6.1e-5)")
-        findings.append(Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg,
+        covered = _default_scale_covers(g)
+        if covered:
+            msg += "; GradScaler's default scale (65536) keeps them, so this matters only without one"
+        findings.append(Finding("AMP203", "fp16-gradient-underflow",
+                                Severity.INFO if covered else Severity.WARNING, msg,
                                 _scale_suggestion(g), Location(module=g["module"]), precision="fp16",
                                 data={"check": "headroom", **{k: g[k] for k in (
                                     "flush_to_zero_share", "subnormal_share", "max_abs",
                                     "min_loss_scale", "max_loss_scale")}}))
     if len(findings) > GROUP_AFTER:
         modules = [f.location.module for f in findings]
+        severity = max((f.severity for f in findings), key=lambda v: v.rank)
         msg = (f"{len(modules)} modules would lose gradients to zero in float16 without loss scaling: "
                f"{s['flush_to_zero_share']:.1%} of all nonzero gradient elements flush to zero and "
                f"{s['subnormal_share']:.1%} are subnormal")
-        return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, suggestion,
+        return [Finding("AMP203", "fp16-gradient-underflow", severity, msg, suggestion,
                         Location(), precision="fp16", data={"check": "headroom", "modules": modules,
                                                              **{k: v for k, v in s.items() if k != "exponent_histogram"}})]
     if not findings and s["nonzero"] and s["subnormal_share"] >= SUBNORMAL_INFO:
