@@ -4,7 +4,7 @@ Generates >= 100k lines of training-script code (the lint fixtures: nanoGPT-like
 classes, every rule's flagged and clean scripts, concatenated into ~1000-line files), then times
   - ours, in-process (`lint_paths` on the directory: read, parse, analyse, all 24 rules),
   - ours, the CLI (`python -m troubleshooter lint DIR --format json`, interpreter start included),
-  - TorchFix CLI (`torchfix -j 1 DIR`, one process like ours; and with its default parallel jobs),
+  - TorchFix CLI (`torchfix -j 1 DIR`: one process, like ours),
 each the median of --repeat runs, and prints ms per 1000 lines and the ratio.
 
     python bench/lint_speed.py [--lines 100000] [--repeat 3] [--json out.json]
@@ -88,8 +88,6 @@ def main(argv=None) -> int:
             results["torchfix_version"] = subprocess.run([tf, "--version"], capture_output=True, text=True).stdout.strip()
             results["torchfix_j1_s"] = _median_time(
                 lambda: subprocess.run([tf, "-j", "1", str(tmp)], capture_output=True), args.repeat)
-            results["torchfix_default_jobs_s"] = _median_time(
-                lambda: subprocess.run([tf, str(tmp)], capture_output=True), args.repeat)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -102,8 +100,6 @@ def main(argv=None) -> int:
     if "torchfix_j1_s" in results:
         print(f"torchfix -j 1            {results['torchfix_j1_s']:7.2f} s  "
               f"{1000 * results['torchfix_j1_s'] / kl:7.2f} ms/1k lines  ({results['torchfix_version']})")
-        print(f"torchfix (default jobs)  {results['torchfix_default_jobs_s']:7.2f} s  "
-              f"{1000 * results['torchfix_default_jobs_s'] / kl:7.2f} ms/1k lines")
         results["ratio_api_vs_torchfix_j1"] = results["ours_api_s"] / results["torchfix_j1_s"]
         results["ratio_cli_vs_torchfix_j1"] = results["ours_cli_s"] / results["torchfix_j1_s"]
         print(f"ours/torchfix (same single core): API {results['ratio_api_vs_torchfix_j1']:.3f}, "

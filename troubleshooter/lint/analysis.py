@@ -36,6 +36,25 @@ BF16_DTYPES = {"torch.bfloat16", "bfloat16", "bf16"}
 FP32_DTYPES = {"torch.float32", "torch.float", "float32", "fp32"}
 
 
+def walk(node: ast.AST) -> list[ast.AST]:
+    """All nodes under `node` (itself first), as a list: ~2x faster than `ast.walk`'s generator."""
+    out = [node]
+    i = 0
+    AST = ast.AST
+    while i < len(out):
+        n = out[i]
+        i += 1
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if v.__class__ is list:
+                for x in v:
+                    if isinstance(x, AST):
+                        out.append(x)
+            elif isinstance(v, AST):
+                out.append(v)
+    return out
+
+
 def tail(node: ast.AST) -> str | None:
     """Last name component: `self.scaler` -> 'scaler', `scaler` -> 'scaler', `f()` -> None."""
     if isinstance(node, ast.Name):
@@ -43,6 +62,13 @@ def tail(node: ast.AST) -> str | None:
     if isinstance(node, ast.Attribute):
         return node.attr
     return None
+
+
+def chain_base(node: ast.AST | None) -> str | None:
+    """`model.cuda().half()` -> 'model': the object at the root of a method-call chain."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        node = node.func.value
+    return tail(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
 
 
 def func_tail(call: ast.Call) -> str | None:
@@ -67,7 +93,7 @@ def names_in(node: ast.AST | None) -> set[str]:
     out: set[str] = set()
     if node is None:
         return out
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Name):
             out.add(n.id)
         elif isinstance(n, ast.Attribute):
@@ -80,10 +106,12 @@ def names_in(node: ast.AST | None) -> set[str]:
 class Names:
     """Import aliases -> qualified names, collected from every import anywhere in the file."""
 
-    def __init__(self, tree: ast.AST):
+    def __init__(self, nodes: list[ast.AST]):
         self.alias: dict[str, str] = {}
         self.imports: list[tuple[ast.AST, str, str]] = []  # (node, local name, qualified)
-        for node in ast.walk(tree):
+        for node in nodes:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -272,7 +300,9 @@ class FileModel:
         self.tree = tree
         self.source = source
         self.lines = source.splitlines()
-        self.names = Names(tree)
+        self.nodes = walk(tree)
+        self._subtrees: dict[int, list[ast.AST]] = {id(tree): self.nodes}
+        self.names = Names(self.nodes)
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
         self.functions: dict[str, list[ast.AST]] = {}
@@ -298,7 +328,7 @@ class FileModel:
 
     def _collect(self) -> None:
         assign_counts: dict[str, int] = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, []).append(node)
                 for a in node.args.args + node.args.kwonlyargs:
@@ -338,12 +368,13 @@ class FileModel:
             self.has_isfinite = True
         if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
             self.scaler_method_keys.add(rk)
-        if t in {"half", "bfloat16"} and r is not None and tail(r):
-            self.halved.setdefault(tail(r), node)
-        if t == "to" and r is not None and tail(r):
+        base = chain_base(r)
+        if t in {"half", "bfloat16"} and base:
+            self.halved.setdefault(base, node)
+        if t == "to" and base:
             for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]:
                 if self.dtype_of(a) in {"fp16", "bf16"}:
-                    self.halved.setdefault(tail(r), node)
+                    self.halved.setdefault(base, node)
         if t == "requires_grad_" and r is not None and node.args and _is_false(node.args[0]):
             self.frozen.add(tail(r) or "")
         if t == "eval" and r is not None and tail(r):
@@ -526,7 +557,7 @@ class FileModel:
 
     def _build_scopes(self) -> None:
         self.scopes.append(_Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 cls = self.parents_of_func.get(id(node))
                 scope = Scope(node, node.name, cls.name if cls else None)
@@ -542,6 +573,13 @@ class FileModel:
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
+
+    def subtree(self, node: ast.AST) -> list[ast.AST]:
+        """Cached `walk(node)` for scopes and defs that several rules search."""
+        key = id(node)
+        if key not in self._subtrees:
+            self._subtrees[key] = walk(node)
+        return self._subtrees[key]
 
     def callers(self, scope: Scope) -> list[Scope]:
         return [s for s in self.scopes if scope.name in s.calls and s is not scope]
@@ -659,7 +697,7 @@ class _Walker:
     def _exprs(self, node: ast.AST, ctx) -> None:
         calls: list[ast.AST] = []
         skip_grad: set[int] = set()
-        for n in ast.walk(node):
+        for n in walk(node):
             if isinstance(n, ast.Call):
                 calls.append(n)
                 f = n.func
@@ -771,7 +809,7 @@ class _Walker:
         cache = self.m.__dict__.setdefault("_def_cache", {})
         if key not in cache:
             found = False
-            for n in ast.walk(d):
+            for n in self.m.subtree(d):
                 if kind == GRAD and isinstance(n, ast.Attribute) and n.attr == "grad" and \
                         not isinstance(getattr(n, "ctx", None), ast.Store):
                     found = True
@@ -781,14 +819,14 @@ class _Walker:
                     break
             if kind == GRAD and found:
                 # a helper that zeroes or tests grads for None is not a read
-                reads = [n for n in ast.walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
+                reads = [n for n in walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
                 found = any(_is_grad_read(n, d) for n in reads)
             cache[key] = found
         return cache[key]
 
 
 def _is_grad_read(node: ast.Attribute, root: ast.AST) -> bool:
-    for parent in ast.walk(root):
+    for parent in walk(root):
         if isinstance(parent, ast.Compare) and (parent.left is node or node in parent.comparators):
             return False
         if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in ZEROING | {"data"}:
@@ -800,10 +838,10 @@ def _is_grad_read(node: ast.Attribute, root: ast.AST) -> bool:
 
 def _accum_count(test: ast.AST):
     """N of an accumulation guard (`(i + 1) % N == 0`), None if a guard of unknown N, False if none."""
-    for n in ast.walk(test):
+    for n in walk(test):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
             return n.right
-    for n in ast.walk(test):
+    for n in walk(test):
         k = tail(n) if isinstance(n, (ast.Name, ast.Attribute)) else None
         if k and re.search(r"accum|sync_grad", k, re.I):
             return None

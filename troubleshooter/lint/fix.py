@@ -16,7 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from ..findings import Finding
-from .analysis import DEPRECATED, FileModel, text as unparse
+from .analysis import walk, DEPRECATED, FileModel, text as unparse
 from .engine import active_rules, lint_text
 from .rules.amp106 import guarded_ids
 
@@ -99,7 +99,7 @@ class _Fixer:
         self.call_of: dict[int, ast.Call] = {}
         self.decorators: set[int] = set()
         self.stmt_at: dict[int, ast.stmt] = {}
-        for n in ast.walk(model.tree):
+        for n in model.nodes:
             if hasattr(n, "lineno"):
                 self.at.setdefault((n.lineno, n.col_offset + 1), []).append(n)
             if isinstance(n, ast.Call):
@@ -108,7 +108,7 @@ class _Fixer:
                 self.decorators.update(id(d) for d in n.decorator_list)
             if isinstance(n, ast.stmt):
                 self.stmt_at.setdefault(n.lineno, n)
-        self.guarded = guarded_ids(model.tree)
+        self.guarded = guarded_ids(model)
 
     # edits ---------------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class _Fixer:
             if alias.name not in _NEW_NAME:
                 return False
             local = alias.asname or alias.name
-            for n in ast.walk(self.m.tree):
+            for n in self.m.nodes:
                 if isinstance(n, ast.Name) and n.id == local and isinstance(n.ctx, ast.Load):
                     if id(n) in self.guarded:
                         return False

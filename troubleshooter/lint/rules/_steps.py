@@ -5,7 +5,7 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..analysis import (BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+from ..analysis import (walk, BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
                         names_in, text)
 
 
@@ -82,29 +82,43 @@ def divides_by(m: FileModel, count: ast.AST | None) -> bool:
     def mentions_n(rhs: ast.AST) -> bool:
         return text(rhs) == literal or bool(wanted and names_in(rhs) & wanted)
 
+    for rhs, direct in _divisions(m):
+        if mentions_n(rhs):
+            return True
+    return False
+
+
+def _divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
+    """Right-hand sides of every division that can be a loss normalisation (computed once per file)."""
+    cached = m.__dict__.get("_divisions")
+    if cached is not None:
+        return cached
+
     def lossy(node: ast.AST) -> bool:
         return any("loss" in n.lower() for n in names_in(node))
 
-    loss_contexts: list[ast.AST] = []
-    for n in ast.walk(m.tree):
+    out: list[tuple[ast.AST, bool]] = []
+    contexts: list[ast.AST] = []
+    for n in m.nodes:
         if isinstance(n, ast.Assign) and any(lossy(t) for t in n.targets):
-            loss_contexts.append(n.value)
+            contexts.append(n.value)
         elif isinstance(n, ast.Return) and n.value is not None:
-            loss_contexts.append(n.value)
+            contexts.append(n.value)
         elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"backward", "scale"}:
-            loss_contexts.append(n)
-        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and lossy(n.target) and mentions_n(n.value):
-            return True
+            contexts.append(n)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and lossy(n.target):
+            out.append((n.value, True))
         elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} \
-                and n.args and mentions_n(n.args[0]) and lossy(n.func):
-            return True
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and mentions_n(n.right) and lossy(n.left):
-            return True
-    for ctx in loss_contexts:
-        for n in ast.walk(ctx):
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and mentions_n(n.right):
-                return True
-    return False
+                and n.args and lossy(n.func):
+            out.append((n.args[0], True))
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and lossy(n.left):
+            out.append((n.right, True))
+    for ctx in contexts:
+        for n in m.subtree(ctx):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+                out.append((n.right, False))
+    m._divisions = out
+    return out
 
 
 def scaler_key_for(scope: Scope, m: FileModel) -> str:

@@ -2,27 +2,31 @@
 import ast
 import re
 
-from ..analysis import DEPRECATED, text
+from ..analysis import walk, DEPRECATED, text
 from .base import Hit, Rule
 
 _GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
 _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 
 
-def guarded_ids(tree: ast.AST) -> set[int]:
+def guarded_ids(m) -> set[int]:
     """Nodes inside a version guard: `if torch version ...`, `hasattr(torch.amp, ...)`, try/except ImportError."""
+    cached = m.__dict__.get("_guarded")
+    if cached is not None:
+        return cached
     out: set[int] = set()
-    for node in ast.walk(tree):
+    for node in m.nodes:
         guarded = False
         if isinstance(node, (ast.If, ast.IfExp)) and _GUARD_RE.search(text(node.test)):
             guarded = True
         elif isinstance(node, ast.Try):
             for h in node.handlers:
-                names = {getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(h.type)} if h.type else {"*"}
+                names = {getattr(n, "id", getattr(n, "attr", "")) for n in walk(h.type)} if h.type else {"*"}
                 if names & _FALLBACK_EXC or "*" in names:
                     guarded = True
         if guarded:
-            out.update(id(n) for n in ast.walk(node))
+            out.update(id(n) for n in m.subtree(node))
+    m._guarded = out
     return out
 
 
@@ -49,8 +53,8 @@ with torch.amp.autocast("cuda"):
            "for PyTorch < 2.4.")
 
     def check(self, m):
-        guarded = guarded_ids(m.tree)
-        for node in ast.walk(m.tree):
+        guarded = guarded_ids(m)
+        for node in m.nodes:
             if id(node) in guarded:
                 continue
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -62,5 +66,6 @@ with torch.amp.autocast("cuda"):
             elif isinstance(node, ast.Attribute):
                 q = m.names.qual(node)
                 if q in DEPRECATED:
-                    yield Hit.at(node, f"`{text(node)}` is deprecated (it resolves to `{q}`)",
+                    alias = "" if text(node) == q else f" (it resolves to `{q}`)"
+                    yield Hit.at(node, f"`{text(node)}` is deprecated since PyTorch 2.4{alias}",
                                  f"use `{DEPRECATED[q]}`", qual=[q])

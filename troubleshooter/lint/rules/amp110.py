@@ -1,7 +1,7 @@
 """AMP110 checkpoint-missing-scaler-state."""
 import ast
 
-from ..analysis import SAVE, Scope, tail, text
+from ..analysis import walk, SAVE, Scope, chain_base, tail, text
 from .base import Hit, Rule
 
 
@@ -14,7 +14,7 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None) -> tuple[list[str]
         return [k.arg for k in obj.keywords if k.arg], [k.value for k in obj.keywords] + list(obj.args)
     if isinstance(obj, ast.Name):
         keys, values, found = [], [], False
-        for n in ast.walk(scope.node):
+        for n in m.subtree(scope.node):
             if isinstance(n, ast.Assign):
                 for t in n.targets:
                     if isinstance(t, ast.Name) and t.id == obj.id:
@@ -45,9 +45,9 @@ def state_owners(values) -> set[str]:
     """Keys of objects whose state_dict() goes into the checkpoint."""
     out = set()
     for v in values:
-        for n in ast.walk(v):
+        for n in walk(v):
             if isinstance(n, ast.Call) and tail(n.func) == "state_dict" and isinstance(n.func, ast.Attribute):
-                k = tail(n.func.value)
+                k = chain_base(n.func.value)
                 if k:
                     out.add(k)
     return out
@@ -91,7 +91,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 
 
 def _names(node):
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, ast.Name):
             yield n.id
         elif isinstance(n, ast.Attribute):

@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import BACKWARD, tail
+from ..analysis import walk, BACKWARD, tail
 from .base import Hit, Rule
 
 _SCALE_NAME = re.compile(r"loss_?scale|scale_?factor|^scale$|static_scale|loss_scaling", re.I)
@@ -56,14 +56,14 @@ scaler.update()
                     continue
                 f = _factor(e.arg)
                 if f is None and isinstance(e.arg, ast.Name):
-                    f = self._assigned_factor(s.node, e.arg.id, e.line)
+                    f = self._assigned_factor(m.subtree(s.node), e.arg.id, e.line)
                 if f is not None:
                     yield Hit.at(e.node, f"loss is multiplied by a fixed `{ast.unparse(f)}` before backward "
                                          "(manual loss scaling)")
 
     @staticmethod
-    def _assigned_factor(root, name, before):
-        for n in ast.walk(root):
+    def _assigned_factor(nodes, name, before):
+        for n in nodes:
             if getattr(n, "lineno", before) >= before:
                 continue
             if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):

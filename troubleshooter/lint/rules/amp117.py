@@ -1,7 +1,7 @@
 """AMP117 unstable-op-under-autocast."""
 import ast
 
-from ..analysis import tail, text
+from ..analysis import walk, tail, text
 from ._steps import training_regions
 from .base import Hit, Rule
 
@@ -28,10 +28,10 @@ def _unstable(m, n: ast.AST) -> str | None:
         return f"`{text(n)[:40]}` can overflow float16 (exp(x) > 65504 for x > 11)"
     if t == "log":
         arg = n.args[0] if (is_torch_fn and n.args) else recv
-        if arg is not None and any(tail(c.func) in {"softmax", "sigmoid"} for c in ast.walk(arg) if isinstance(c, ast.Call)):
+        if arg is not None and any(tail(c.func) in {"softmax", "sigmoid"} for c in walk(arg) if isinstance(c, ast.Call)):
             return "manual softmax -> log loses precision and gives -inf in float16"
         if arg is not None and not any(isinstance(c, ast.Call) and tail(c.func) in {"clamp", "clamp_min", "clip"}
-                                       for c in ast.walk(arg)) and not isinstance(arg, ast.BinOp):
+                                       for c in walk(arg)) and not isinstance(arg, ast.BinOp):
             return f"`{text(n)[:40]}` gives -inf for values that underflow float16"
     if t == "pow" and ((is_torch_fn and len(n.args) > 1 and _big_exponent(n.args[1])) or
                        (not is_torch_fn and n.args and _big_exponent(n.args[0]))):
@@ -77,7 +77,7 @@ loss = torch.nn.functional.cross_entropy(logits.float(), y)
             return
         reported = set()
         for node, via in self._reachable(m, roots):
-            for n in ast.walk(node):
+            for n in walk(node):
                 why = _unstable(m, n)
                 if why and n.lineno not in reported:
                     reported.add(n.lineno)
@@ -92,7 +92,7 @@ loss = torch.nn.functional.cross_entropy(logits.float(), y)
         queue = list(roots)
         while queue and len(seen) < 300:
             node = queue.pop()
-            for c in ast.walk(node):
+            for c in walk(node):
                 if not isinstance(c, ast.Call):
                     continue
                 for d in _targets(m, c):

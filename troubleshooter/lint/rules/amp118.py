@@ -1,7 +1,7 @@
 """AMP118 private-scaler-api."""
 import ast
 
-from ..analysis import tail, text
+from ..analysis import walk, tail, text
 from .base import Hit, Rule
 
 PRIVATE = {"_scale", "_found_inf_per_device", "_per_optimizer_states", "_growth_tracker", "_init_scale",
@@ -29,7 +29,7 @@ if scaler.get_scale() < 1.0:
 
     def check(self, m):
         lines = set()
-        for n in ast.walk(m.tree):
+        for n in m.nodes:
             if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
                 k = tail(n.value) if isinstance(n.value, (ast.Name, ast.Attribute)) else None
                 if k is None or k == "self":

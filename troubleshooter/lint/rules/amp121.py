@@ -1,7 +1,7 @@
 """AMP121 misaligned-layer-dims."""
 import ast
 
-from ..analysis import tail
+from ..analysis import walk, tail
 from .base import Hit, Rule
 
 _LAYERS = {"Linear": ("in_features", "out_features"), "Conv1d": ("in_channels", "out_channels"),
@@ -33,7 +33,7 @@ self.lm_head = nn.Linear(768, 50304)  # vocab padded to a multiple of 64
     fix = "Pad the dimension to the suggested multiple (unused vocabulary rows/extra channels cost little)."
 
     def check(self, m):
-        for n in ast.walk(m.tree):
+        for n in m.nodes:
             if not isinstance(n, ast.Call):
                 continue
             t = tail(n.func)

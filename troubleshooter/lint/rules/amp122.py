@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import tail
+from ..analysis import walk, tail
 from ._steps import training_regions
 from .base import Hit, Rule
 
@@ -35,7 +35,7 @@ with torch.autocast("cuda", dtype=torch.bfloat16):  # or keep BN in float32
     def check(self, m):
         if not any(True for _ in training_regions(m, ("fp16",))):
             return
-        for n in ast.walk(m.tree):
+        for n in m.nodes:
             if not isinstance(n, ast.Call):
                 continue
             if _BN.match(tail(n.func) or ""):
