@@ -60,6 +60,15 @@ def test_run_check_contract_with_skipped_checks_and_progress():
     json.dumps(r, allow_nan=False)
 
 
+def test_same_seed_same_report():
+    wl = cw.mlp((32, 64, 10), batch_size=16)
+    a = check.run_check(wl, device="cpu", only="skiprate,headroom", steps=2, seed=5)
+    b = check.run_check(wl, device="cpu", only="skiprate,headroom", steps=2, seed=5)
+    for r in (a, b):
+        r.pop("timings_s")
+    assert a == b
+
+
 def test_a_failing_check_is_an_error_entry_and_the_others_still_run(monkeypatch):
     def oom(*a):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
