@@ -1,4 +1,6 @@
 """AMP112 unscale-called-twice."""
+import ast
+
 from ..analysis import UNSCALE, UPDATE, compatible, text
 from .base import Hit, Rule
 
@@ -26,14 +28,36 @@ scaler.update()
 
     def check(self, m):
         for s in m.scopes:
-            uns = [e for e in s.of(UNSCALE) if not e.via_call]
+            uns = [e for e in s.of(UNSCALE) if not e.via_call or _helper_always_unscales(m, e)]
             updates = s.of(UPDATE)
             for i, b in enumerate(uns):
                 for a in uns[:i]:
-                    if text(a.arg) != text(b.arg) or a.innermost_loop != b.innermost_loop or not compatible(a, b):
+                    if a.via_call and b.via_call:
+                        continue
+                    if not _same_optimizer(a, b) or a.innermost_loop != b.innermost_loop or not compatible(a, b):
                         continue
                     if a.loops != b.loops or any(a.order < u.order < b.order for u in updates):
                         continue
-                    yield Hit.at(b.node, f"`unscale_({text(b.arg)})` was already called on line {a.line} "
+                    what = f"`{b.via_call}()` calls `unscale_`" if b.via_call else f"`unscale_({text(b.arg)})`"
+                    yield Hit.at(b.node, f"{what} but `unscale_` was already called on line {a.line} "
                                          "in this step (no `update()` in between)")
                     break
+
+
+def _same_optimizer(a, b) -> bool:
+    """Same optimizer text; a helper call matches when that optimizer is one of its arguments."""
+    if not a.via_call and not b.via_call:
+        return text(a.arg) == text(b.arg)
+    direct, helper = (b, a) if a.via_call else (a, b)
+    args = [text(x) for x in helper.node.args] + [text(k.value) for k in helper.node.keywords]
+    return text(direct.arg) in args or any(text(direct.arg).endswith("." + x) for x in args if x)
+
+
+def _helper_always_unscales(m, e) -> bool:
+    """The local helper calls `unscale_` unconditionally (a top-level statement of its body)."""
+    for d in m.local_defs(e.via_call):
+        for st in d.body:
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    getattr(st.value.func, "attr", None) == "unscale_":
+                return True
+    return False
