@@ -147,24 +147,37 @@ def _traced_forward(model: nn.Module, inputs: tuple, method: str) -> _Trace:
     return _Trace(flops, counter.get_total_flops(), attention, linear_rows, head, method)
 
 
+def _trace_once(workload: Workload, method: str, batch_size: int) -> _Trace:
+    inputs = workload.batch(torch.device("cpu"), seed=0, batch_size=batch_size)[0]
+    if method == "meta":
+        with torch.device("meta"):
+            model = workload.build_model()
+        model, inputs = model.to("meta"), _to(inputs, torch.device("meta"))
+    else:
+        torch.manual_seed(0)
+        model = workload.build_model()
+    trace = _traced_forward(model, tuple(inputs), method)
+    factor = workload.batch_size / batch_size  # every count here is proportional to the batch
+    trace.linear_rows = {n: int(round(r * factor)) for n, r in trace.linear_rows.items()}
+    trace.flops = {n: int(round(f * factor)) for n, f in trace.flops.items()}
+    trace.total = int(round(trace.total * factor))
+    trace.attention_flops = int(round(trace.attention_flops * factor))
+    return trace
+
+
 def _trace(workload: Workload) -> _Trace | None:
-    """FLOPs per module from a meta-device forward; a CPU forward if the meta one fails."""
-    gen_batch = workload.batch(torch.device("cpu"), seed=0)
+    """FLOPs per module from a meta-device forward of a 2-sample batch (scaled to the real
+    batch: no memory, no compute); a CPU forward if the model cannot run that way."""
+    small = min(2, workload.batch_size)
+    attempts = [("meta", small), ("meta", workload.batch_size), ("cpu", small)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            with torch.device("meta"):
-                model = workload.build_model()
-            model = model.to("meta")
-            return _traced_forward(model, _to(gen_batch[0], torch.device("meta")), "meta")
-        except Exception:  # noqa: BLE001 - some models use ops without meta kernels
-            pass
-        try:
-            torch.manual_seed(0)
-            model = workload.build_model()
-            return _traced_forward(model, tuple(gen_batch[0]), "cpu")
-        except Exception:  # noqa: BLE001 - the other checks report a model that cannot run
-            return None
+        for method, batch_size in dict.fromkeys(attempts):
+            try:
+                return _trace_once(workload, method, batch_size)
+            except Exception:  # noqa: BLE001 - ops without meta kernels, batch-size-bound models
+                continue
+    return None
 
 
 # ---------------------------------------------------------------- collecting sizes
