@@ -169,9 +169,10 @@ def _question_control(q: dict):
         return gr.Checkbox(bool(default), label=label, elem_id=key)
     if kind == "tristate":
         return gr.Radio(["yes", "no", questionnaire.UNKNOWN], value=questionnaire.UNKNOWN, label=label, elem_id=key)
-    if kind in ("int", "number"):
-        return gr.Number(default, label=label, precision=0 if kind == "int" else None, minimum=q.get("min"),
-                         elem_id=key)
+    if kind == "int" and default is not None:
+        return gr.Number(default, label=label, precision=0, minimum=q.get("min"), elem_id=key)
+    if kind in ("int", "number"):  # optional: a textbox, since a number control cannot be left empty
+        return gr.Textbox("" if default is None else str(default), label=label + " (optional)", elem_id=key)
     if kind == "log":
         return gr.Textbox(label=label, lines=6, max_lines=20, elem_id=key,
                           placeholder="e.g. RuntimeError: ... or a few lines of your training log")
@@ -184,6 +185,9 @@ def _recipe_control(opt: dict):
         return gr.Dropdown(opt["choices"], value=opt.get("default"), label=label, elem_id=key)
     if opt["type"] == "bool":
         return gr.Checkbox(bool(opt.get("default")), label=label, elem_id=key)
+    if opt.get("optional") or opt.get("default") is None:  # empty = off; a number control cannot be empty
+        return gr.Textbox("" if opt.get("default") is None else str(opt["default"]), label=label + " (empty: off)",
+                          elem_id=key)
     return gr.Number(opt.get("default"), label=label, precision=0 if opt["type"] == "int" else None,
                      minimum=opt.get("min"), elem_id=key)
 

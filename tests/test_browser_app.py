@@ -125,6 +125,29 @@ def test_binary_upload_shows_a_clear_error_and_page_stays_usable(page, tmp_path)
     expect(page.locator("#lint-status")).not_to_contain_text("Error")
 
 
+def test_questionnaire_recommends_and_the_recipe_downloads(page):
+    open_tab(page, "Questionnaire")
+    page.locator("#q-detect").click()
+    expect(page.locator("#q-detected")).to_contain_text("Detected:")
+    expect(page.locator("#q-gpu textarea")).not_to_have_value("")
+    page.locator("#q-gpu textarea").fill("A100")
+    page.locator("#q-symptoms").get_by_text("nan_loss").click()
+    page.locator("#q-grad_clipping").get_by_role("checkbox").check()
+    page.locator("#q-run").click()
+    expect(page.locator("#q-recommendation")).to_contain_text("Recommendation: BF16")
+    expect(page.locator("#q-recommendation")).to_contain_text("clip")
+    expect(page.locator("#q-code")).to_contain_text("autocast")
+    with page.expect_download() as dl:
+        page.locator("#q-script a").first.click()
+    assert dl.value.suggested_filename == "train_amp.py"
+    saved = ARTIFACTS / "train_amp.py"
+    dl.value.save_as(str(saved))
+    text = saved.read_text()
+    assert 'PRECISION = "bf16"' in text and "clip_grad_norm_" in text
+    compile(text, "train_amp.py", "exec")
+    shot(page, "questionnaire", docs=True)
+
+
 def test_speedup_on_a_tiny_preset(page):
     open_tab(page, "Speedup check")
     params = page.locator("#speed-params textarea")

@@ -56,13 +56,21 @@ def _convert(q: dict, value):
             raise UserError(f"{q['key']}: expected a whole number, not {value}")
         return int(value)
     if kind == "number":
-        return float(value)
+        return _number(value, q["key"])
     if kind in ("text", "log"):
         text = str(value).strip()
         if kind == "log":
             common.check_text_size(text, SETTINGS.max_file_bytes, "the pasted log")
         return text or None
     return value
+
+
+def _number(value, what: str) -> float:
+    """Optional numbers are typed into a textbox (a number control cannot be left empty)."""
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise UserError(f"{what}: expected a number, not {value!r}") from None
 
 
 def answers_from_controls(*values) -> dict:

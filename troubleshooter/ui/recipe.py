@@ -22,8 +22,13 @@ def option_names() -> list[str]:
 
 def _clean(meta: dict, value):
     """A control's value -> the option value (empty numbers of optional options are None)."""
-    if value in ("", None):
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    if meta["type"] in ("int", "float") and isinstance(value, str):  # optional numbers come as text
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise UserError(f"{meta['flag']}: expected a number, not {value!r}") from None
     if meta["type"] == "int":
         if isinstance(value, float) and value != int(value):
             raise UserError(f"{meta['flag']} must be a whole number, not {value}")
