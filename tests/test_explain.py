@@ -1,0 +1,115 @@
+"""`explain`: pasted errors and logs -> cause, rule id, fix and questionnaire symptoms."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.cli import main
+from troubleshooter.explain import explain_log, patterns
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+RULE_ID = re.compile(r"^AMP[12]\d\d$")
+
+
+@pytest.mark.parametrize("name, expected, symptoms", [
+    ("unscale_fp16.txt", [("unscale-fp16-grads", "AMP111")], []),
+    ("deprecations.txt", [("deprecated-gradscaler", "AMP106"), ("deprecated-autocast", "AMP106"),
+                          ("scheduler-before-optimizer", "AMP107")], ["no_convergence"]),
+    ("scale_collapse.txt", [("loss-nonfinite", "AMP117"), ("loss-scale-falling", "AMP204")],
+     ["nan_loss", "no_convergence"]),
+    ("oom_and_mask.txt", [("half-overflow-scalar", None), ("cuda-oom", None)], ["nan_loss", "oom"]),
+    ("dtype_errors.txt", [("input-weight-type", "AMP111"), ("dtype-mismatch", "AMP111"),
+                          ("backward-returned-nan", "AMP206"), ("cublas-half-error", "AMP207"),
+                          ("cpu-autocast-dtype", None)], ["nan_loss", "slow"]),
+    ("clean_training.txt", [], []),
+])
+def test_fixture_logs(name, expected, symptoms):
+    report = explain_log((LOGS / name).read_text())
+    assert [(m.id, m.rule) for m in report.matches] == expected
+    assert report.symptoms == symptoms
+    for m in report.matches:
+        assert m.cause and m.fix and m.line >= 1 and m.text
+
+
+@pytest.mark.parametrize("text, pattern_id", [
+    ("RuntimeError: unscale_() has already been called on this optimizer since the last update().", "unscale-twice"),
+    ("AssertionError: No inf checks were recorded for this optimizer.", "no-inf-checks-step"),
+    ("AssertionError: No inf checks were recorded prior to update.", "no-inf-checks-update"),
+    ("FutureWarning: `torch.cpu.amp.autocast(args...)` is deprecated. Please use `torch.amp.autocast('cpu', args...)` instead.",
+     "deprecated-autocast"),
+    ("FutureWarning: `torch.cuda.amp.custom_fwd(args...)` is deprecated.", "deprecated-custom-fwd"),
+    ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.1}", "loss-nonfinite"),
+    ("Epoch 3: train_loss=inf val_loss=inf", "loss-nonfinite"),
+    ("loss: tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)", "loss-nonfinite"),
+    ("RuntimeError: Current CUDA Device does not support bfloat16. Please switch dtype to float16.", "bf16-unsupported"),
+    ("RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'", "op-not-implemented-half"),
+    ("UserWarning: User provided device_type of 'cuda', but CUDA is not available. Disabling", "autocast-disabled-no-cuda"),
+    ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0", "grad-overflow-skipping"),
+    ("RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be clipped.",
+     "nonfinite-grad-norm"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmStridedBatchedEx(...)`",
+     "cublas-half-error"),
+    ("RuntimeError: mat1 and mat2 must have the same dtype, but got Half and Float", "dtype-mismatch"),
+])
+def test_single_messages(text, pattern_id):
+    assert pattern_id in [m.id for m in explain_log(text).matches]
+
+
+def test_placeholders_are_filled():
+    m = explain_log("RuntimeError: Function 'PowBackward0' returned nan values in its 0th output.").matches[0]
+    assert m.title == "Function 'PowBackward0' returned nan values" and "PowBackward0" in m.cause
+    m = explain_log("Input type (torch.cuda.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same")
+    assert "torch.cuda.HalfTensor" in m.matches[0].title and "{" not in m.matches[0].title
+
+
+def test_loss_scale_and_loss_trends_need_real_evidence():
+    halving = "\n".join(f"iter {i} loss {2.3 - 0.001 * i:.4f} loss_scale: {65536 / 2 ** i}" for i in range(8))
+    report = explain_log(halving)
+    ids = [m.id for m in report.matches]
+    assert "loss-scale-falling" in ids and "loss-not-decreasing" in ids
+    # A scale that dips once and recovers is the scaler working normally.
+    normal = "\n".join(f"step {i} | loss {3.0 / (i + 1):.3f} | scale {s:g}"
+                       for i, s in enumerate([65536, 32768, 32768, 65536, 65536, 65536, 131072]))
+    assert explain_log(normal).matches == []
+
+
+def test_every_pattern_is_complete():
+    for p in patterns():
+        assert p["id"] and p["title"] and p["cause"] and p["fix"] and p["match"], p["id"]
+        assert p["severity"] in ("error", "warning", "info")
+        assert p["rule"] is None or RULE_ID.match(p["rule"]), p["rule"]
+        assert p["symptom"] in (None, "nan_loss", "no_convergence", "slow", "oom")
+        assert p["id"] in [m.id for m in explain_log(p["example"]).matches], p["id"]
+        assert any(k in p["example"].lower() for k in p["keys"]) and all(k == k.lower() for k in p["keys"])
+    assert len({p["id"] for p in patterns()}) == len(patterns())
+
+
+def test_huge_and_binary_input(tmp_path, capsys):
+    big = tmp_path / "big.log"
+    big.write_text("x" * 100 + "\n" * 10 + ("ok line\n" * 800_000) + "torch.OutOfMemoryError: CUDA out of memory.\n")
+    assert main(["explain", str(big), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["symptoms"] == ["oom"]
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"PK\x03\x04\x00\x00binary")
+    assert main(["explain", str(binary)]) == 2
+    assert main(["explain", str(tmp_path / "missing.log")]) == 2
+    err = capsys.readouterr().err
+    assert "binary" in err and "cannot read" in err and "Traceback" not in err
+
+
+def test_cli_formats(capsys, monkeypatch):
+    path = str(LOGS / "deprecations.txt")
+    assert main(["explain", path]) == 0
+    out = capsys.readouterr().out
+    assert "[AMP106]" in out and "torch.amp.GradScaler" in out
+    assert main(["explain", path, "--format", "markdown"]) == 0
+    assert "### " in capsys.readouterr().out
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"loss: nan\n")))
+    assert main(["explain", "-", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["symptoms"] == ["nan_loss"]

@@ -1,0 +1,190 @@
+"""Paste an error or a log: recognise what PyTorch prints around AMP, and say cause and fix.
+
+Users arrive with a message, not a diagnosis. The messages live as data in
+`data/log_patterns.yaml` (regex -> cause, fix, rule id, implied symptom); two things need
+numbers rather than regexes and are read here: a loss scale that keeps falling, and a loss that
+does not go down. The symptoms found feed the questionnaire (`decide(answers | {"log": text})`).
+Pure Python: no torch.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+MAX_CHARS = 5_000_000  # longer logs: the last 5 MB (where the error is) are read
+
+
+@dataclass
+class LogMatch:
+    id: str
+    title: str
+    severity: str  # error | warning | info
+    cause: str
+    fix: str
+    rule: str | None  # lint (AMP1xx) or check (AMP2xx) rule that catches it
+    symptom: str | None  # questionnaire symptom it implies
+    line: int  # first line (1-based) where it was seen
+    text: str  # that line, trimmed
+    count: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ExplainReport:
+    matches: list[LogMatch]
+    truncated: bool = False
+
+    @property
+    def symptoms(self) -> list[str]:
+        """Questionnaire symptom keys the log shows (nan_loss, no_convergence, slow, oom)."""
+        return sorted({m.symptom for m in self.matches if m.symptom})
+
+    @property
+    def rules(self) -> list[str]:
+        return sorted({m.rule for m in self.matches if m.rule})
+
+    def to_dict(self) -> dict:
+        return {"matches": [m.to_dict() for m in self.matches], "symptoms": self.symptoms,
+                "rules": self.rules, "truncated": self.truncated}
+
+    def to_markdown(self) -> str:
+        if not self.matches:
+            return ("Nothing recognised. Paste the full error (with the lines above the traceback) or a "
+                    "training log with loss / loss-scale values.")
+        out = []
+        for m in self.matches:
+            seen = f"line {m.line}" + (f", {m.count} times" if m.count > 1 else "")
+            rule = f" · rule `{m.rule}`" if m.rule else ""
+            out.append(f"### {m.title}\n*{m.severity}* · {seen}{rule}\n\n> `{m.text}`\n\n"
+                       f"**Cause.** {m.cause}\n\n**Fix.** {m.fix}\n")
+        if self.symptoms:
+            out.append("Symptoms for the questionnaire: " + ", ".join(f"`{s}`" for s in self.symptoms))
+        return "\n".join(out)
+
+    def to_text(self) -> str:
+        if not self.matches:
+            return self.to_markdown()
+        out = []
+        for m in self.matches:
+            seen = f"line {m.line}" + (f", {m.count}x" if m.count > 1 else "")
+            rule = f" [{m.rule}]" if m.rule else ""
+            out.append(f"{m.severity}: {m.title}{rule} ({seen})\n  {m.text}\n  cause: {m.cause}\n  fix:   {m.fix}")
+        if self.symptoms:
+            out.append("symptoms: " + ", ".join(self.symptoms))
+        return "\n\n".join(out)
+
+
+@lru_cache(maxsize=1)
+def patterns() -> list[dict]:
+    text = resources.files("troubleshooter.data").joinpath("log_patterns.yaml").read_text(encoding="utf-8")
+    entries = yaml.safe_load(text)["patterns"]
+    for e in entries:
+        # One regex per entry, run over the whole text: a few C-level passes even for a 5 MB log.
+        e["_regex"] = re.compile("|".join(f"(?:{rx})" for rx in e["match"]), re.IGNORECASE | re.MULTILINE)
+    return entries
+
+
+def _fill(text: str, groups: list) -> str:
+    """Replace {1}, {2} ... by the regex groups that matched (empty when absent)."""
+    return re.sub(r"\{(\d)\}", lambda m: groups[int(m.group(1)) - 1] if int(m.group(1)) <= len(groups) else "", text)
+
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
+_SCALE = re.compile(r"(?:loss[ _-]?)?scale['\"]?[ \t]*(?:[=:]|to)?[ \t]*" + _NUMBER + r"(?![\w.])", re.IGNORECASE)
+_LOSS = re.compile(r"(?<!\w)(?<!val )(?<!eval )(?:train[ _])?loss['\"]?[ \t]*[=:]?[ \t]*(?:tensor\([ \t]*)?"
+                   + _NUMBER + r"(?![\w.])", re.IGNORECASE)
+
+
+def _series(text: str, starts: list[int], regex: re.Pattern) -> list[tuple[int, float]]:
+    """(line number, value) of the first match of `regex` on each line."""
+    out: dict[int, float] = {}
+    for m in regex.finditer(text):
+        line = bisect.bisect_right(starts, m.start())
+        if line not in out:
+            try:
+                out[line] = float(m.group(1))
+            except ValueError:
+                pass
+    return sorted(out.items())
+
+
+def _line_text(text: str, starts: list[int], line: int) -> str:
+    begin = starts[line - 1]
+    end = text.find("\n", begin)
+    return text[begin:end if end >= 0 else len(text)].strip()[:300]
+
+
+def _scale_trend(text: str, starts: list[int]) -> LogMatch | None:
+    """A loss scale that keeps falling: the scaler keeps finding inf/NaN gradients and skips steps."""
+    values = [(i, v) for i, v in _series(text, starts, _SCALE) if math.isfinite(v)]
+    if len(values) < 3:
+        return None
+    drops = sum(1 for (_, a), (_, b) in zip(values, values[1:]) if b < a)
+    first, last = values[0][1], values[-1][1]
+    if not (drops >= 3 and last <= first / 8) and not (last < 1 and first >= 1):
+        return None
+    line = values[0][0]
+    return LogMatch(
+        "loss-scale-falling", f"The loss scale keeps falling ({first:g} -> {last:g} over {len(values)} readings)",
+        "error" if last < 1 else "warning",
+        "Each halving of the loss scale is an optimizer step the GradScaler skipped because the gradients held "
+        "inf/NaN. A scale that keeps falling (towards 1 or 0) means most steps are skipped: the model overflows "
+        "float16 at any scale (often an overflow in the forward pass), so it stops learning.",
+        "Find the overflowing layer with `python -m troubleshooter check` (skip rate, NaN localisation); "
+        "compute unstable parts in float32; on Ampere or newer GPUs train in bf16 (no loss scale at all).",
+        "AMP204", "no_convergence", line, _line_text(text, starts, line), len(values))
+
+
+def _loss_trend(text: str, starts: list[int]) -> LogMatch | None:
+    """A training loss that does not go down over the log."""
+    values = [(i, v) for i, v in _series(text, starts, _LOSS) if math.isfinite(v)]
+    if len(values) < 6:
+        return None
+    third = len(values) // 3
+    head = sum(v for _, v in values[:third]) / third
+    tail = sum(v for _, v in values[-third:]) / third
+    if tail < 0.98 * head:
+        return None
+    line = values[0][0]
+    return LogMatch(
+        "loss-not-decreasing", f"The loss is not going down ({head:.4g} at the start, {tail:.4g} at the end)",
+        "warning",
+        "Under fp16 the usual causes are skipped steps (a falling loss scale), an LR schedule that advances on "
+        "skipped steps, gradients that underflow to zero, or clipping scaled gradients (clip before unscale_).",
+        "Check the skip rate and gradient underflow with `python -m troubleshooter check`, lint the script "
+        "(`python -m troubleshooter lint train.py`: AMP101, AMP107, AMP108), or start from a generated recipe.",
+        None, "no_convergence", line, _line_text(text, starts, line), len(values))
+
+
+def explain_log(text: str) -> ExplainReport:
+    """Every recognised message in `text`, in order of first appearance, with cause and fix."""
+    truncated = len(text) > MAX_CHARS
+    if truncated:
+        text = text[-MAX_CHARS:]
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]  # offset of each line's first character
+    lower = text.lower()
+    matches = []
+    for p in patterns():
+        if not any(k in lower for k in p["keys"]):
+            continue
+        found = list(p["_regex"].finditer(text))
+        if not found:
+            continue
+        first = found[0]
+        groups = [g for g in first.groups() if g is not None]
+        line = bisect.bisect_right(starts, first.start())
+        lines_hit = len({bisect.bisect_right(starts, m.start()) for m in found})
+        matches.append(LogMatch(p["id"], _fill(p["title"], groups), p["severity"], _fill(p["cause"], groups),
+                                _fill(p["fix"], groups), p.get("rule"), p.get("symptom"), line,
+                                _line_text(text, starts, line), lines_hit))
+    matches.sort(key=lambda m: m.line)
+    matches += [m for m in (_scale_trend(text, starts), _loss_trend(text, starts)) if m]
+    return ExplainReport(matches, truncated)
