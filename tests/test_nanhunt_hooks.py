@@ -56,7 +56,7 @@ def test_reports_first_bad_module_on_the_step_it_happens_and_cleans_up():
     fwd = event["forward"]
     assert (fwd["module"], fwd["class"], fwd["dtype"], fwd["kind"]) == ("2", "PoisonAt", "float32", "nan")
     assert fwd["created"] and fwd["inputs_finite"] and fwd["input_max_abs"][0] > 0
-    assert "module '2' (PoisonAt)" in event["message"] and "creates the nan" in event["message"]
+    assert "module '2' (PoisonAt" in event["message"] and "creates the nan" in event["message"]
     assert no_hooks_left(model)
 
 
@@ -137,7 +137,7 @@ def test_without_step_calls_reports_at_next_forward_and_at_exit(caplog):
             model[2].poison = True
             train_step(model, x)  # ... or when the block ends
     assert [e["step"] for e in hunt.events] == [1, 3]
-    assert sum("module '2' (PoisonAt)" in r.getMessage() for r in caplog.records) == 2
+    assert sum("module '2' (PoisonAt" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_reused_module_inplace_and_dict_outputs():

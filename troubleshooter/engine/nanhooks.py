@@ -19,6 +19,7 @@ Choices that keep it robust in real training code:
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,7 +28,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-_MAX_NEST = 4  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
+_MAX_NEST = 4
+_ZERO = torch.zeros(())  # placeholder min/max: a value that is never reported as non-finite  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -165,20 +167,25 @@ class HookSet:
         hit = step.seen.get(key)
         if hit is not None and hit[0]() is t and hit[1] == t._version:
             return hit[2]
-        slot = self._reduce(step, t)
+        slot = self._reduce(step, t, measure=self.forward)
         step.seen[key] = (weakref.ref(t), t._version, slot)
         return slot
 
-    @staticmethod
-    def _reduce(step: _Step, t: torch.Tensor) -> int:
-        d = t.detach()
-        if d.is_complex():
-            d = d.abs()
-        lo, hi = torch.aminmax(d)
-        slot = len(step.vals) // 2
-        step.vals.append(lo)
-        step.vals.append(hi)
-        step.pending = True
+    _lock = threading.Lock()  # CUDA backward runs hooks on one autograd thread per device
+
+    def _reduce(self, step: _Step, t: torch.Tensor, measure: bool = True) -> int:
+        if measure:
+            d = t.detach()
+            if d.is_complex():
+                d = d.abs()
+            lo, hi = torch.aminmax(d)
+        else:  # forward=False: module inputs/outputs only need a slot (who consumed what)
+            lo = hi = _ZERO
+        with self._lock:
+            slot = len(step.vals) // 2
+            step.vals.append(lo)
+            step.vals.append(hi)
+            step.pending = True
         return slot
 
     def _pre(self, idx: int, module: nn.Module, args: tuple, kwargs: dict) -> None:

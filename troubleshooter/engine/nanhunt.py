@@ -35,20 +35,23 @@ class NonFiniteError(FloatingPointError):
 
 
 # -- human-readable reports ------------------------------------------------------------
-def _where(d: dict) -> str:
+def _where(d: dict, *extra: str) -> str:
     if d.get("module") is None:
         return "the loss"
     name = d["module"] or "<root>"
-    cls = d.get("class")
-    return f"module '{name}' ({cls})" if cls else f"module '{name}'"
+    inside = ", ".join(x for x in (d.get("class"), *extra) if x)
+    return f"module '{name}' ({inside})" if inside else f"module '{name}'"
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
 def _describe_forward(d: dict) -> str:
-    dtype = f", {d['dtype']}" if d.get("dtype") else ""
-    under = f" under autocast {d['autocast']}" if d.get("autocast") else ""
-    text = f"forward: {_where(d)}{dtype}{under} outputs {d['kind']}"
+    extra = [d.get("dtype") and f"{d['dtype']} output", d.get("autocast") and f"autocast {d['autocast']}"]
+    text = f"forward: {_where(d, *extra)} outputs {d['kind']}"
     if d.get("occurrence", 1) > 1:
-        text += f" (call {d['occurrence']} of this module)"
+        text += f" on call {d['occurrence']} of this module"
     if d.get("created"):
         ins = ", ".join(str(x) for x in d.get("input_max_abs", [])) or "none"
         text += f"; its inputs were finite (max |x| {ins}), so it creates the {d['kind']}"
@@ -66,9 +69,9 @@ def _describe_backward(d: dict) -> str:
     outs = d.get("grad_output_max_abs") or []
     came = f"finite output gradients (max |g| {max(outs, key=float)})" if outs else "its output gradient"
     if d.get("grad_of") == "forward code":
-        return (f"backward: code in the forward() of {_where(d)} turns {came} into a {kind} gradient "
+        return (f"backward: code in the forward() of {_where(d)} turns {came} into {_a(kind)} gradient "
                 f"for submodule '{d.get('grad_input_from')}'")
-    return f"backward: {_where(d)} turns {came} into a {kind} gradient w.r.t. its input"
+    return f"backward: {_where(d)} turns {came} into {_a(kind)} gradient w.r.t. its input"
 
 
 def format_event(event: dict) -> str:
@@ -305,11 +308,28 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
     except Exception as exc:  # OOM or a model that fails in this precision: report, keep going
         section["error"] = _error_text(exc, device)
     finally:
+        section["summary"] = _summary(section)
         if hooks is not None:
             hooks.detach()
         del model, opt, hooks
         _release(device)
     return section, trace
+
+
+def _summary(section: dict) -> str:
+    """One line for the report table: what this precision's run found first."""
+    if section.get("error"):
+        return f"did not run: {section['error']}"
+    if section["first_forward"] is not None:
+        return _describe_forward(section["first_forward"])
+    if not section["loss_finite"]:
+        return "forward: every module output is finite but the loss is not"
+    if section["first_backward"] is not None:
+        return _describe_backward(section["first_backward"])
+    if section.get("scaled_backward") is not None:
+        return (f"finite; the scaled backward overflowed at loss scale {section['scaled_backward']['loss_scale']:g} "
+                f"in {section['skipped_steps']} step(s), which GradScaler skips (it lowers the scale)")
+    return "every module output and gradient is finite"
 
 
 def _forward_backward(workload, model, opt, batch, precision, device, scaler, rng_seed, hooks):
@@ -414,7 +434,7 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
 def _backward_finding(p: str, s: dict, fb: dict) -> Finding:
     where = _where(fb)
     what = {"parameter": f"the gradient of its parameter '{fb.get('parameter')}'",
-            "loss": "the loss's gradient",
+            "loss": "its gradient w.r.t. the model's output",
             "forward code": "the gradient its forward() code passes to a submodule"}.get(
         fb.get("grad_of"), "the gradient w.r.t. its input")
     unscaled = " without loss scaling" if p == "fp16" else ""
