@@ -42,7 +42,7 @@ def test_text_and_github_formats(capsys):
     code, out, _ = run(capsys, "lint", BAD101)
     assert code == 1
     assert f"{BAD101}:13:9: AMP101 [error]" in out and "fix: add `scaler.unscale_(optimizer)`" in out
-    assert "Found 3 problems (3 errors, 0 warnings, 0 info)" in out
+    assert "Found 4 problems (4 errors, 0 warnings, 0 info)" in out
     code, out, _ = run(capsys, "lint", BAD101, "--format", "github")
     first = out.splitlines()[0]
     assert first.startswith(f"::error file={BAD101},line=13,col=9,title=AMP101 clip-before-unscale::")

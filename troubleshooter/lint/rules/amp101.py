@@ -34,6 +34,32 @@ scaler.update()
     fix = "Call `scaler.unscale_(optimizer)` right before clipping; `scaler.step` then knows not to unscale again."
 
     def check(self, m):
+        yield from self._same_scope(m)
+        yield from self._step_helper(m)
+
+    def _step_helper(self, m):
+        """`def step(self): clip(...); self.scaler.step(opt)` with the scaled backward in another method."""
+        if not any(e.kind == BACKWARD and e.scaled and not e.managed for s in m.scopes for e in s.events):
+            return
+        for s in m.scopes:
+            if s.of(BACKWARD):
+                continue
+            steps = [e for e in s.of(SCALER_STEP) if not e.via_call and m.scaler_enabled(e.recv)]
+            for c in s.of(CLIP):
+                if not any(st.order > c.order and compatible(c, st) for st in steps):
+                    continue
+                if any(e.kind in (UNSCALE, SCALER_STEP) and e.order < c.order for e in s.events):
+                    continue
+                if any(caller.of(UNSCALE) for caller in m.callers(s)):
+                    continue
+                scaler = scaler_key_for(s, m)
+                known = optimizer_text(s)
+                yield Hit.at(c.node, f"gradients are clipped before `{scaler}.step()` without `{scaler}.unscale_(...)`: "
+                                     "they are still scaled from the scaled backward",
+                             f"add `{scaler}.unscale_({known or 'optimizer'})` on the line before the clip",
+                             scaler=scaler, optimizer=known or "optimizer", optimizer_known=known)
+
+    def _same_scope(self, m):
         for s in m.scopes:
             bws = [e for e in s.events if e.kind == BACKWARD and e.scaled and not e.managed
                    and m.scaler_enabled(e.recv)]
