@@ -83,6 +83,7 @@ def test_a_failing_check_is_an_error_entry_and_the_others_still_run(monkeypatch)
     assert r["errors"]["nan"] == {"kind": "failed",
                                   "message": "the nan check failed: RuntimeError: shape mismatch somewhere"}
     assert r["headroom"] is not None
+    assert r["exit_code"] == 1  # nothing was verified where a check failed: not a clean run
 
 
 def test_same_problem_from_two_checks_is_one_finding():

@@ -173,9 +173,13 @@ def jsonable(obj: Any) -> Any:
 
 
 def exit_code(result: dict[str, Any]) -> int:
-    """0: no warning or error finding; 1: some (the check's contract)."""
+    """0: no warning or error finding; 1: some, or a check that could not finish (out of memory,
+    a crash): nothing was verified there, so the run must not read as clean."""
     bad = {Severity.ERROR.value, Severity.WARNING.value}
-    return 1 if any(f.get("severity") in bad for f in result.get("findings", [])) else 0
+    if any(f.get("severity") in bad for f in result.get("findings", [])):
+        return 1
+    failed = [e for e in (result.get("errors") or {}).values() if e.get("kind") != "not_available"]
+    return 1 if failed else 0
 
 
 def _error_entry(name: str, exc: BaseException, device: torch.device) -> dict[str, Any]:
