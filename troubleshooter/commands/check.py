@@ -4,7 +4,8 @@
         [--device auto|cpu|cuda[:N]] [--only capability,alignment,skiprate,nan,headroom]
         [--steps N] [--seed S] [--format text|json]
 
-Exit status: 0 no warning/error finding, 1 some, 2 bad spec or options.
+Exit status: 0 no warning/error finding, 1 some (or a check that could not finish), 2 bad spec
+or options.
 """
 from __future__ import annotations
 
