@@ -2,6 +2,7 @@
 import json
 import math
 import statistics
+import time
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ def _precision_now(device_type="cpu"):
     return "fp32"
 
 
-def tiny(d=32, batch=16, fail_in=None, calls=None, flops=True):
+def tiny(d=32, batch=16, fail_in=None, calls=None, flops=True, slow_in=None):
     """A 2-layer MLP; `fail_in` makes the loss raise in that precision; `calls` records the order."""
 
     def build():
@@ -35,6 +36,8 @@ def tiny(d=32, batch=16, fail_in=None, calls=None, flops=True):
         now = _precision_now()
         if calls is not None:
             calls.append(now)
+        if now == slow_in:
+            time.sleep(1.0)
         if now == fail_in:
             raise RuntimeError(f"deliberate failure in {now}")
         return nn.functional.cross_entropy(out.float(), target)
@@ -196,3 +199,15 @@ def test_compile_failure_is_reported_per_precision(monkeypatch):
     assert len(calls) == 3 and res["settings"]["compile"] is True
     assert res["errors"]["bf16"].startswith("torch.compile failed") and "--compile" in res["errors"]["bf16"]
     assert set(res["results"]) == {"fp32", "fp16"}
+
+
+def test_a_precision_too_slow_for_the_budget_is_timed_from_its_warm_up():
+    res = run_speedup(tiny(slow_in="fp16"), device="cpu", precisions="fp32,fp16", budget_s=2.5)
+    fp16 = res["results"]["fp16"]
+    assert fp16["timed_from"] == "warm-up" and fp16["samples"] == 1 and fp16["median_ms"] >= 1000
+    assert "share of the budget" in fp16["note"]
+    assert res["results"]["fp32"]["timed_from"] == "interleaved rounds"
+    assert res["results"]["fp32"]["samples"] == res["settings"]["rounds"] >= 3
+    assert fp16["speedup_vs_fp32"] == pytest.approx(res["results"]["fp32"]["median_ms"] / fp16["median_ms"])
+    assert fp16["speedup_vs_fp32_paired"] is None
+    assert res["settings"]["elapsed_s"] < 2.5 + 3.0

@@ -156,6 +156,8 @@ class _Runner:
         self.step_model = torch.compile(self.model) if compile else self.model
         self.scaler = prec.make_scaler(precision, device)
         self.losses: list[float | None] = []
+        self.warmup_seconds: list[float] = []
+        self.too_slow = False  # one step used this precision's whole share: timed from warm-up only
         self.skipped_steps = 0
         self.peak_memory_bytes: int | None = None
         self.memory_method: str | None = None
@@ -172,6 +174,7 @@ class _Runner:
         loss = self.step(batch).item()
         prec.synchronize(self.device)
         seconds = time.perf_counter() - t0
+        self.warmup_seconds.append(seconds)
         if scale is not None and self.scaler.get_scale() < scale:
             self.skipped_steps += 1
         self.losses.append(loss if math.isfinite(loss) else None)
@@ -258,8 +261,16 @@ def run_speedup(
 
     warmup_s = time.perf_counter() - t_start
 
-    # ---- interleaved timing rounds
-    samples, stop_reason, rounds = _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress)
+    # ---- interleaved timing rounds (a precision whose one step used its share sits them out)
+    timed = {p: r for p, r in runners.items() if not r.too_slow}
+    samples, stop_reason, rounds = _timed_rounds(timed, batches, dev, t_start, budget_s, errors, progress)
+    for p in [p for p in runners if p in errors]:
+        del runners[p]
+    for p, r in runners.items():
+        if r.too_slow:
+            samples[p] = [x * 1000.0 for x in r.warmup_seconds]
+    if runners and not timed:
+        stop_reason = "every precision was too slow for the budget: timed from one warm-up step each"
     elapsed = time.perf_counter() - t_start
 
     first = next(iter(runners.values()), None)
@@ -357,6 +368,7 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
             # one-time costs (compiling, library init) make the first step unrepresentative; only a
             # step so slow that it alone used the share stops an eager warm-up here
             if not compile and seconds > share_s:
+                runner.too_slow = True
                 break
             continue
         spent += seconds
@@ -461,10 +473,11 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
             "loss_after_steps": common,
             "losses": runner.losses,
             "warmup_steps": len(runner.losses),
+            "timed_from": "warm-up" if runner.too_slow else "interleaved rounds",
             "loss_rel_diff_vs_fp32": None,
             "native": _native(p, info),
         }
-        if base and p != "fp32":
+        if base and p != "fp32" and not runner.too_slow and not runners["fp32"].too_slow:
             ratios = summarize([b / x for b, x in zip(base, s) if x > 0])  # paired by round
             r["speedup_vs_fp32_paired"] = ratios.median
             r["speedup_vs_fp32_iqr"] = [ratios.q1, ratios.q3]
@@ -476,6 +489,9 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
                 r["loss_rel_diff_vs_fp32"] = abs(b - a) / abs(a)
         if p == "fp16":
             r["skipped_steps"] = runner.skipped_steps
+        if runner.too_slow:
+            r["note"] = (f"one step took {s[0] / 1000:.1f} s, more than this precision's share of the "
+                         "budget: timed from its single warm-up step (first-step costs included)")
         if flops:
             achieved = flops / seconds / 1e12
             peak = hardware.peak_tflops(info.get("name") or "", p) if info["type"] == "cuda" else None
@@ -558,6 +574,9 @@ def format_text(result: dict[str, Any]) -> str:
         lines.append(row)
     if any(not r.get("native", True) for r in results.values()):
         lines.append("* no native hardware for this precision here: converted/emulated")
+    for p, r in results.items():
+        if r.get("note"):
+            lines.append(f"{p}: {r['note']}")
     for p, why in result.get("unavailable", {}).items():
         lines.append(f"{p}: unavailable: {why}")
     for p, why in result.get("errors", {}).items():
