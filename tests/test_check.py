@@ -151,3 +151,14 @@ def test_text_report_has_a_section_per_check(capsys):
     for title in ("Findings:", "== Alignment", "== fp16/bf16 headroom", "== fp16 skip rate"):
         assert title in out
     assert "skipped: not selected" in out and "253" in out
+
+
+def test_device_info_on_cuda_reads_the_device_properties(monkeypatch):
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    info = check.device_info(torch.device("cuda"))
+    assert info == {**info, "type": "cuda", "index": 0, "name": "NVIDIA H100 80GB HBM3",
+                    "capability": "9.0", "memory_gb": 80.0}
