@@ -132,3 +132,10 @@ def test_exit_two_when_a_path_fails_but_others_are_reported(tmp_path, capsys):
     data = json.loads(out)
     assert data["errors"][0]["line"] == 1 and data["findings"]
     assert "Traceback" not in err
+
+
+def test_columns_count_characters_not_bytes():
+    src = "import torch\nπ = 1; s = torch.cuda.amp.GradScaler()\n"
+    (f,) = lint_text(src).findings
+    assert (f.rule, f.location.line, f.location.column) == ("AMP106", 2, 12)
+    assert fix_text(src).fixed_text == 'import torch\nπ = 1; s = torch.amp.GradScaler("cuda")\n'

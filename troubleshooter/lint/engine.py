@@ -114,13 +114,16 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):
                 continue
             cell, line = unit.locate(h.line)
+            col = h.col
+            if not src.isascii():  # ast columns count UTF-8 bytes; people count characters
+                col = len(src.encode("utf-8")[: h.col - 1].decode("utf-8", "replace")) + 1
             message = h.message
             if unit.cell_map is not None:  # "line 12" in a message means a line of the joined cells
                 message = _LINE_REF.sub(lambda mt: _cell_ref(unit, int(mt.group(1))), message)
             report.findings.append(Finding(
                 rule=rule.id, name=rule.name, severity=rule.severity, message=message,
                 suggestion=h.suggestion or rule.fix,
-                location=Location(path=unit.path, line=line, column=h.col, cell=cell), data=dict(h.data)))
+                location=Location(path=unit.path, line=line, column=col, cell=cell), data=dict(h.data)))
     report.findings.sort(key=sort_key)
     return report
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -26,6 +27,9 @@ def training_regions(m: FileModel, dtypes=("fp16",), unmanaged: bool = False) ->
                 yield s, ac, with_node
 
 
+_ACCUM_RE = re.compile(r"accum|acc_steps|grad_acc|iters_to_acc|micro", re.I)
+
+
 @dataclass
 class Accumulation:
     kind: str  # "guard" (if (i+1) % N == 0) or "loop" (for micro in range(N))
@@ -41,8 +45,8 @@ def accumulations(scope: Scope) -> list[Accumulation]:
     bws = scope.of(BACKWARD)
     for g in scope.guards:
         inside = [e for e in steps if g in e.guards]
-        if not inside:
-            continue
+        if not any(e.kind != ZERO_GRAD for e in inside) and not (inside and _ACCUM_RE.search(text(g.node.test))):
+            continue  # a zero_grad alone in an `if i % 100 == 0:` is accumulation only if it says so
         loops = inside[0].loops
         if not loops:
             continue

@@ -34,6 +34,8 @@ scaler.update()
                 st = next((e for e in steps if e.order > b.order and compatible(b, e)), None)
                 if st is None or s.sibling_has(st, {"opt_step"}):
                     continue
+                if any(e.kind == "opt_step" and b.order < e.order < st.order for e in s.events):
+                    continue  # this backward feeds an optimizer stepped directly (e.g. a GAN's other net)
                 scaler = text(st.node.func.value)
                 yield Hit.at(b.node, f"backward on the unscaled loss, but `{scaler}.step()` on line {st.line} "
                                      "divides the gradients by the loss scale",
