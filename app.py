@@ -20,7 +20,12 @@ if not _WORKER:
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
 FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and concurrent
-PAGE = dict(api_visibility="undocumented")  # page events; the documented API is below
+
+
+def page(name: str) -> dict:
+    """Page events get `ui_*` names (undocumented) so the documented API names stay free."""
+    return dict(api_name=name, api_visibility="undocumented")
+
 
 CSS = """
 .status-box {min-height: 1.5em}
@@ -57,8 +62,9 @@ def _diagnose_tab() -> None:
                     diff_file = gr.File(label="Diff", interactive=False)
 
     outputs = [status, table, md_file, json_file, rule, fixed_note, fixed_code, diff, fixed_file, diff_file]
-    run.click(page_event(diagnose.ui_lint, len(outputs)), [code, upload], outputs, **FAST, **PAGE)
-    rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation], **FAST, **PAGE)
+    run.click(page_event(diagnose.ui_lint, len(outputs)), [code, upload], outputs, **FAST, **page("ui_lint"))
+    rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation],
+                **FAST, **page("ui_explain_rule"))
 
 
 def _model_picker(prefix: str, weights: bool = False) -> list:
@@ -117,7 +123,7 @@ def _speedup_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     outputs = [status, table, plot, verdict, json_file]
     run.click(page_event(speedup.ui_speedup, len(outputs)), [*model, device, precisions, budget, compile_],
-              outputs, **GPU_QUEUE, **PAGE)
+              outputs, **GPU_QUEUE, **page("ui_speedup"))
 
 
 def _check_tab() -> None:
@@ -153,8 +159,9 @@ def _check_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="check-json")
     outputs = [status, capability, findings, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
     run.click(page_event(check.ui_check, len(outputs)), [*model, device, checks, steps], outputs,
-              **GPU_QUEUE, **PAGE)
-    inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json], **FAST, **PAGE)
+              **GPU_QUEUE, **page("ui_check"))
+    inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
+                      **FAST, **page("ui_inspect"))
 
 
 def _question_control(q: dict):
@@ -222,14 +229,14 @@ def _questionnaire_tab() -> None:
     if not controls:
         return
     run.click(page_event(questionnaire.ui_recommend, 3 + len(options)), controls,
-              [verdict, code, script, *options], **FAST, **PAGE)
-    regen.click(page_event(recipe.ui_render, 3), options, [regen_status, code, script], **FAST, **PAGE)
+              [verdict, code, script, *options], **FAST, **page("ui_recommend"))
+    regen.click(page_event(recipe.ui_render, 3), options, [regen_status, code, script], **FAST, **page("ui_recipe"))
     if "gpu" in by_key:
         detect.click(page_event(questionnaire.ui_detect, 2, status_index=1, clear=False), None,
-                     [by_key["gpu"], detected], **GPU_QUEUE, **PAGE)
+                     [by_key["gpu"], detected], **GPU_QUEUE, **page("ui_detect"))
     if "log" in by_key and "symptoms" in by_key:
         explain_btn.click(page_event(questionnaire.ui_explain, 2, clear=False), [by_key["log"], by_key["symptoms"]],
-                          [explanation, by_key["symptoms"]], **FAST, **PAGE)
+                          [explanation, by_key["symptoms"]], **FAST, **page("ui_explain_log"))
 
 
 def _safe(fn, default):

@@ -159,3 +159,24 @@ def test_lint_answers_while_speedups_run_one_at_a_time(client):
     assert result["verdict"]["recommendation"]
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
     assert set(_decode(second.result(timeout=10))[0]["results"]) == {"fp32"}
+
+
+def test_questionnaire_recipe_and_explain(client):
+    decision, code, path = client.predict(answers=json.dumps({"gpu": "T4", "symptoms": ["nan_loss"],
+                                                              "grad_clipping": True}), api_name="/recommend")
+    assert decision["precision"] == "fp16" and decision["reasons"]
+    assert decision["recipe_options"]["precision"] == "fp16"
+    assert Path(path).name == "train_amp.py" and Path(path).read_text() == code
+    assert "GradScaler" in code and "unscale_" in code
+    compile(code, "train_amp.py", "exec")
+    _app_error(client, "symptoms", answers='{"gpu": "T4", "symptoms": ["bogus"]}', api_name="/recommend")
+    _app_error(client, "JSON object", answers="gpu=T4", api_name="/recommend")
+
+    code, path = client.predict(options='{"precision": "bf16", "accum": 4}', api_name="/recipe")
+    assert 'PRECISION = "bf16"' in code and Path(path).read_text() == code
+    _app_error(client, "channels", options='{"channels_last": true, "model": "transformer"}', api_name="/recipe")
+
+    report = client.predict(text="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nloss: nan",
+                            api_name="/explain")
+    assert {"oom", "nan_loss"} <= set(report["symptoms"])
+    _app_error(client, "paste an error", text="  ", api_name="/explain")
