@@ -67,6 +67,13 @@ def active_rules(select=None, ignore=None) -> list[Rule]:
     return [r for r in RULES if (sel is None or match(r.id, sel)) and not match(r.id, ign)]
 
 
+def char_col(line: str, byte_col: int) -> int:
+    """ast columns count UTF-8 bytes; people (and editors) count characters. Both 1-based."""
+    if line.isascii():
+        return byte_col
+    return len(line.encode("utf-8")[: byte_col - 1].decode("utf-8", "replace")) + 1
+
+
 def _noqa_codes(line: str) -> set[str] | None:
     """None: no noqa; empty set: bare noqa (everything); else the listed codes/prefixes."""
     if "noqa" not in line.lower():
@@ -114,9 +121,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):
                 continue
             cell, line = unit.locate(h.line)
-            col = h.col
-            if not src.isascii():  # ast columns count UTF-8 bytes; people count characters
-                col = len(src.encode("utf-8")[: h.col - 1].decode("utf-8", "replace")) + 1
+            col = char_col(src, h.col)
             message = h.message
             if unit.cell_map is not None:  # "line 12" in a message means a line of the joined cells
                 message = _LINE_REF.sub(lambda mt: _cell_ref(unit, int(mt.group(1))), message)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..findings import Finding
 from .analysis import walk, DEPRECATED, FileModel, text as unparse
-from .engine import active_rules, lint_text
+from .engine import active_rules, char_col, lint_text
 from .rules.amp106 import guarded_ids
 
 FIXABLE = ("AMP101", "AMP106", "AMP113", "AMP115")
@@ -75,7 +75,8 @@ def fix_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> FixR
         if rule.id not in FIXABLE:
             continue
         for hit in rule.check(model):
-            finding = wanted.get((rule.id, hit.line, hit.col))
+            line_text = src.lines[hit.line - 1] if 0 < hit.line <= len(src.lines) else ""
+            finding = wanted.get((rule.id, hit.line, char_col(line_text, hit.col)))
             if finding is not None and getattr(fixer, f"fix_{rule.id}")(hit):
                 applied.append(finding)
     fixed = fixer.apply()
