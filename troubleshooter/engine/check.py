@@ -195,13 +195,17 @@ def _error_entry(name: str, exc: BaseException, device: torch.device) -> dict[st
                                          + (f": {text}" if text else "")}
 
 
+def _check_steps(steps: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
+
+
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
               steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
     """Run the selected checks on `workload`; return the `check --format json` object."""
     dev = prec.resolve_device(device)
     selected = parse_only(only)
-    if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
+    _check_steps(steps)
     result: dict[str, Any] = {"device": device_info(dev), "spec": spec_info(workload), "findings": []}
     result.update({c: None for c in CHECKS})
     result["skipped"] = {c: "not selected (--only)" for c in CHECKS if c not in selected}
@@ -246,7 +250,8 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
     process with a time limit (and without the progress callback, which cannot cross processes)."""
     from ..spec import run_with_workload
 
-    parse_only(only)  # bad options fail before anything is built
+    parse_only(only)  # bad options fail before anything is built (or a child is started)
+    _check_steps(steps)
     if isinstance(device, str):
         device = str(prec.resolve_device(device))  # a bad device fails before the model is built
     if getattr(source, "kind", None) == "python":
