@@ -88,3 +88,30 @@ def test_lint_text_never_raises_on_odd_source():
         assert report.exit_code in (0, 1, 2)
     deep = "x = " + "(" * 300 + "1" + ")" * 300 + "\n"
     assert lint_text(deep).exit_code in (0, 2)
+
+
+def test_mutated_scripts_never_crash_the_linter():
+    """Drop and reorder lines of the fixtures at random: always a report, never an exception."""
+    import random
+    from pathlib import Path
+
+    from troubleshooter.lint import fix_text
+
+    rng = random.Random(0)
+    sources = [p.read_text() for p in sorted((Path(__file__).parent / "fixtures" / "lint").glob("*.py"))]
+    for i in range(150):
+        lines = rng.choice(sources).splitlines()
+        k = rng.randrange(1, max(2, len(lines) // 4))
+        for _ in range(k):
+            j = rng.randrange(len(lines))
+            if rng.random() < 0.5:
+                del lines[j]
+            else:
+                lines.insert(rng.randrange(len(lines) + 1), lines[j])
+            if not lines:
+                break
+        src = "\n".join(lines) + "\n"
+        report = lint_text(src, f"m{i}.py")
+        assert report.exit_code in (0, 1, 2)
+        if not report.errors:
+            fix_text(src)

@@ -21,6 +21,9 @@ def _unstable(m, n: ast.AST) -> str | None:
     if isinstance(n.func, ast.Name) and (m.names.qual(n.func) or "").split(".")[0] in _NUMERIC_MODULES:
         return None
     is_torch_fn = recv is not None and (m.names.qual(recv) or "").startswith("torch")
+    operand = (n.args[0] if n.args else None) if is_torch_fn else recv
+    if operand is not None and not ({x.id for x in walk(operand) if isinstance(x, ast.Name)} - set(m.names.alias)):
+        return None  # a constant such as torch.log(torch.tensor(10000.0))
     if t == "exp" and isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) and recv.value.id == "self":
         return None  # a float32 parameter such as CLIP's logit_scale.exp()
     if t == "exp" and (is_torch_fn or (recv is not None and not isinstance(recv, ast.Name)) or
