@@ -161,6 +161,9 @@ def _nan_text(r: dict) -> list[str]:
     for p, sec in (n.get("precisions") or {}).items():
         if not isinstance(sec, dict):
             continue
+        if sec.get("summary"):  # the nan check's own one-line account
+            lines.append(f"  {p}: {sec['summary']}")
+            continue
         parts = []
         for key in ("first_forward", "first_backward"):
             ev = sec.get(key)
