@@ -49,7 +49,7 @@ PRECISION = "auto"   # [--precision] auto | bf16 | fp16 | fp32 (auto: bf16 if th
 # [else]
 #| PRECISION = "bf16"   # [--precision] bf16 | fp32 (bf16 needs no loss scaling: it has float32's exponent range)
 # [end]
-MAX_STEPS = 200      # [--max-steps] optimizer steps; the LR schedule spans exactly these
+MAX_STEPS = 100      # [--max-steps] optimizer steps; the LR schedule spans exactly these
 BATCH_SIZE = 16      # [--batch-size] samples per micro-batch, per process
 ACCUM_STEPS = 1      # micro-batches per optimizer step: effective batch = BATCH_SIZE * ACCUM_STEPS * processes
 LR = 3e-3            # [--lr] peak learning rate

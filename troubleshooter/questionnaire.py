@@ -128,10 +128,22 @@ def load_answers(path: str) -> dict:
 
 # --- the decision -------------------------------------------------------------------------------
 
-@dataclass
-class Reason:
-    answer: str  # the answer key this reason comes from
-    text: str
+class Reason(str):
+    """A reason (it is its text, so it prints and joins as one) tied to the answer key it comes from."""
+
+    answer: str
+
+    def __new__(cls, answer: str, text: str) -> "Reason":
+        obj = super().__new__(cls, text)
+        obj.answer = answer
+        return obj
+
+    @property
+    def text(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"Reason({self.answer!r}, {str(self)!r})"
 
 
 @dataclass
