@@ -581,6 +581,16 @@ class FileModel:
             self._subtrees[key] = walk(node)
         return self._subtrees[key]
 
+    def scope_of(self, node: ast.AST) -> Scope:
+        """The innermost function scope whose lines contain `node` (the module scope otherwise)."""
+        best = self.scopes[0]
+        size = None
+        for s in self.scopes[1:]:
+            lo, hi = s.node.lineno, getattr(s.node, "end_lineno", s.node.lineno)
+            if lo <= node.lineno <= hi and (size is None or hi - lo < size):
+                best, size = s, hi - lo
+        return best
+
     def callers(self, scope: Scope) -> list[Scope]:
         return [s for s in self.scopes if scope.name in s.calls and s is not scope]
 

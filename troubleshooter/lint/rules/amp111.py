@@ -1,7 +1,7 @@
 """AMP111 half-precision-master-weights."""
 import ast
 
-from ..analysis import BACKWARD, names_in
+from ..analysis import BACKWARD, OPT_STEP, names_in, walk
 from .base import Hit, Rule
 
 
@@ -21,10 +21,35 @@ def optimized_names(m) -> set[str]:
 
 
 def trained_half_models(m) -> dict[str, ast.AST]:
+    """Half-converted models whose parameters an optimizer then trains.
+
+    The conversion must be followed, in its own (non-export) scope, by building the optimizer or
+    by a backward/optimizer step, so `model.half()` inside an export helper is not a training bug.
+    """
     if not any(e.kind == BACKWARD for s in m.scopes for e in s.events):
         return {}
     opt_names = optimized_names(m)
-    return {k: node for k, node in m.halved.items() if k in opt_names and k not in m.frozen}
+    out = {}
+    for k, node in m.halved.items():
+        if k not in opt_names or k in m.frozen:
+            continue
+        scope = m.scope_of(node)
+        if scope.is_eval:
+            continue
+        lo, hi = scope.node.lineno if scope.name != "<module>" else 0, getattr(scope.node, "end_lineno", 10 ** 9)
+        later_ctor = any(lo <= c.lineno <= hi and c.lineno > node.lineno for cs in m.optimizer_ctor.values() for c in cs)
+        later_step = any(e.kind in (BACKWARD, OPT_STEP) and e.line > node.lineno for e in scope.events)
+        if later_ctor or later_step or (scope.name == "<module>" and _module_trains_later(m, node)):
+            out[k] = node
+    return out
+
+
+def _module_trains_later(m, node) -> bool:
+    """Module-level conversion before a training function is called at module level."""
+    return any(e.line > node.lineno for e in m.scopes[0].events) or any(
+        isinstance(n, ast.Call) and getattr(n, "lineno", 0) > node.lineno and
+        any(s.of(BACKWARD) for s in m.by_name.get(getattr(n.func, "id", getattr(n.func, "attr", "")), []))
+        for n in m.tree.body for n in walk(n) if isinstance(n, ast.Call))
 
 
 class HalfPrecisionMasterWeights(Rule):

@@ -33,8 +33,9 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
                 contents = checkpoint_contents(m, s, e.arg)
                 values = contents[1] if contents else [e.arg]
                 owners = state_owners(values)
-                half = [o for o in owners if o in m.halved]
                 has_opt = any(m.is_optimizer(o) for o in owners)
-                if half and (has_opt or any(o in trained for o in half)):
+                half = [o for o in owners if o in trained or
+                        (has_opt and o in m.halved and m.halved[o].lineno < e.line and m.scope_of(m.halved[o]) is s)]
+                if half:
                     yield Hit.at(e.node, f"checkpoint stores the half-precision weights of `{half[0]}` "
                                          "(no float32 master copy)")
