@@ -319,6 +319,7 @@ class FileModel:
         self.identifiers: set[str] = set()
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
+        self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
         self._collect()
         self.scopes: list[Scope] = []
@@ -354,6 +355,8 @@ class FileModel:
                                 self.consts[k] = node.value
             elif isinstance(node, ast.Call):
                 self._collect_call(node)
+        # a scaler handed to code outside this file may be updated there
+        self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables
         self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
         for k, values in self.assigns.items():
@@ -383,7 +386,7 @@ class FileModel:
             k = tail(a)
             if k and "scaler" in k.lower() and t not in {"step", "unscale_", "scale", "update", "state_dict",
                                                          "load_state_dict", "save", "print", "isinstance"}:
-                self.scaler_passed.add(k)
+                self._passed_to.append((k, t))
 
     def _classify_value(self, key: str, value: ast.AST) -> None:
         value = _peel(value)
