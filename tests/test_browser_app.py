@@ -148,6 +148,22 @@ def test_questionnaire_recommends_and_the_recipe_downloads(page):
     shot(page, "questionnaire", docs=True)
 
 
+def test_check_a_yaml_spec(page):
+    open_tab(page, "Check a model")
+    page.locator("#check-mode").get_by_text("YAML").click()
+    editor = page.locator("#check-yaml .cm-content")
+    expect(editor).to_contain_text("tiny-mlp")  # prefilled with the commented example
+    page.locator("#check-steps input").fill("6")
+    page.locator("#check-run").click()
+    expect(page.locator("#check-status")).to_contain_text("tiny-mlp")
+    expect(page.locator("#check-alignment")).to_contain_text("out_features")
+    expect(page.locator("#check-nan")).to_contain_text("bf16")
+    expect(page.locator("#check-headroom-table")).to_contain_text("Linear")
+    expect(page.locator("#check-capability")).to_contain_text("Recommended precision")
+    expect(page.locator("#check-skiprate-plot img").first).to_be_visible()
+    shot(page, "check", docs=True)
+
+
 def test_speedup_on_a_tiny_preset(page):
     open_tab(page, "Speedup check")
     params = page.locator("#speed-params textarea")

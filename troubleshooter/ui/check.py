@@ -77,7 +77,7 @@ def capability_card(result: dict) -> str:
     lines = ["#### Capability"]
     summary = cap.get("summary_line") or cap.get("summary")
     if summary:
-        lines.append(f"**{summary}**")
+        lines += [f"**{summary}**", ""]
     if cap.get("recommended_precision"):
         lines.append(f"Recommended precision: **{cap['recommended_precision']}**"
                      + (f" — {cap['reason']}" if cap.get("reason") else ""))
@@ -89,9 +89,10 @@ def capability_card(result: dict) -> str:
         for sub, val in items:
             if isinstance(val, (str, int, float, bool)) and val is not None:
                 facts[f"{k} {sub}".strip()] = val
-    if facts:
-        lines += ["", "| | |", "| --- | --- |"] + [f"| {common.md_cell(k)} | {common.md_cell(common.fmt_num(v))} |"
-                                                    for k, v in facts.items()]
+    if facts:  # folded: the summary line says what matters, the rest is for the curious
+        lines += ["", "<details><summary>All capability facts</summary>", "", "| | |", "| --- | --- |"]
+        lines += [f"| {common.md_cell(k)} | {common.md_cell(common.fmt_num(v))} |" for k, v in facts.items()]
+        lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 
 
