@@ -94,9 +94,17 @@ def main(argv=None) -> int:
           + (", torch.compile" if args.compile else "") + ")")
     print("| precision | run 1 vs fp32 | run 2 vs fp32 | difference | paired run 1 / run 2 | spread run 1 / run 2 |")
     print("| --- | --- | --- | --- | --- | --- |")
+    def fmt(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
     for p, c in report["ratios"].items():
         print(f"| {p} | {c['run1']:.3f}x | {c['run2']:.3f}x | {c['rel_diff']:.1%} | "
-              f"{c['run1_paired']:.3f}x / {c['run2_paired']:.3f}x | {c['run1_spread']:.1%} / {c['run2_spread']:.1%} |")
+              f"{fmt(c['run1_paired'], '.3f')}x / {fmt(c['run2_paired'], '.3f')}x | "
+              f"{c['run1_spread']:.1%} / {c['run2_spread']:.1%} |")
+    for i, run in enumerate(runs, 1):
+        for p, r in run["results"].items():
+            if r.get("note"):
+                print(f"run {i} {p}: {r['note']}")
     for i, med in enumerate(report["medians_ms"], 1):
         print(f"run {i} medians: " + ", ".join(f"{p} {m:.3f} ms" for p, m in med.items()))
     if "bf16_matmul" in report:

@@ -267,8 +267,8 @@ def run_speedup(
     for p in [p for p in runners if p in errors]:
         del runners[p]
     for p, r in runners.items():
-        if r.too_slow:
-            samples[p] = [x * 1000.0 for x in r.warmup_seconds]
+        if r.too_slow:  # the first step (one-time costs) only when it is the only one
+            samples[p] = [x * 1000.0 for x in (r.warmup_seconds[1:] or r.warmup_seconds)]
     if runners and not timed:
         stop_reason = "every precision was too slow for the budget: timed from one warm-up step each"
     elapsed = time.perf_counter() - t_start
@@ -366,13 +366,15 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
         n += 1
         if n == 1:
             # one-time costs (compiling, library init) make the first step unrepresentative; only a
-            # step so slow that it alone used the share stops an eager warm-up here
-            if not compile and seconds > share_s:
+            # step so slow that it alone used twice the share stops an eager warm-up here
+            if not compile and seconds > 2 * share_s:
                 runner.too_slow = True
                 break
             continue
         spent += seconds
         if spent > share_s:
+            # a second step that alone used the share: this precision cannot do rounds in budget
+            runner.too_slow = n == 2 and not compile and seconds > share_s
             break
     if cuda:
         prec.synchronize(dev)
@@ -490,8 +492,8 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
         if p == "fp16":
             r["skipped_steps"] = runner.skipped_steps
         if runner.too_slow:
-            r["note"] = (f"one step took {s[0] / 1000:.1f} s, more than this precision's share of the "
-                         "budget: timed from its single warm-up step (first-step costs included)")
+            r["note"] = (f"one step took {s[-1] / 1000:.1f} s, more than this precision's share of the "
+                         "budget: timed from its warm-up" + (" (first-step costs included)" if len(s) == 1 else ""))
         if flops:
             achieved = flops / seconds / 1e12
             peak = hardware.peak_tflops(info.get("name") or "", p) if info["type"] == "cuda" else None
