@@ -58,6 +58,12 @@ def test_decision_table(answers, precision, options, reasons):
     render_recipe(**d.recipe_options)  # every decision is a recipe that exists
 
 
+def test_loose_answer_spellings():
+    d = q.decide({"gpu": 4090, "params_millions": "7B", "symptoms": "slow", "grad_clipping": "yes"})
+    assert d.precision == "bf16" and d.device == "RTX 4090" and d.recipe_options["clip"] == 1.0
+    assert any("112 GB" in w for w in d.warnings)
+
+
 def test_warnings_for_memory_oom_and_bitexact():
     d = q.decide({"gpu": "T4", "params_millions": 2000, "symptoms": ["oom"]})
     assert any("32 GB" in w and "16 GB" in w and "FSDP" in w for w in d.warnings)

@@ -52,8 +52,10 @@ def check_answer(question: dict, value: Any) -> tuple[Any, str | None]:
         return value, f"{key}: expected yes/no (true/false), got {value!r}"
     if kind in ("int", "number"):
         if isinstance(value, str):
+            text = value.strip().lower()
+            factor = {"b": 1000.0, "m": 1.0}.get(text[-1:], None) if kind == "number" else None
             try:
-                value = float(value.strip())
+                value = float(text[:-1] if factor else text) * (factor or 1.0)  # "7B" -> 7000 (millions)
             except ValueError:
                 return value, f"{key}: expected a number, got {value!r}"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
@@ -79,6 +81,8 @@ def check_answer(question: dict, value: Any) -> tuple[Any, str | None]:
         if bad:
             return value, f"{key}: unknown {', '.join(map(repr, bad))}: choose from {', '.join(question['choices'])}"
         return list(dict.fromkeys(items)), None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # `gpu: 4090` in YAML is a number
     if not isinstance(value, str):
         return value, f"{key}: expected text, got {value!r}"
     return value.strip(), None
