@@ -36,7 +36,7 @@ def ask_interactively() -> dict:
     """One question at a time; a bad answer is explained and asked again."""
     answers: dict = {}
     for q in questions():
-        if any(answers.get(k) != v for k, v in (q.get("only_if") or {}).items()):
+        if any(str(answers.get(k)).lower() != str(v) for k, v in (q.get("only_if") or {}).items()):
             continue
         hint = f" [{q['default']}]" if q.get("default") not in (None, []) else ""
         if q["type"] == "list":
