@@ -43,6 +43,8 @@ def ask_interactively() -> dict:
             print("  " + "; ".join(f"{k}: {v}" for k, v in q.get("choice_help", {}).items()), file=sys.stderr)
         elif q["type"] == "choice":
             hint = f" ({'/'.join(q['choices'])})" + hint
+        elif q["type"] == "bool":
+            hint = {True: " [Y/n]", False: " [y/N]"}.get(q.get("default"), " [y/n]")
         while True:
             if q.get("multiline"):
                 print(q["prompt"], file=sys.stderr)
