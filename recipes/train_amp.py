@@ -2,7 +2,7 @@
 
 Runs as downloaded: it trains a small demo model on synthetic data, on CPU or GPU.
 
-    python train_amp.py                 # --device cpu, --max-steps 50, --precision fp16, ...
+    python train_amp.py                 # overrides: --device cpu --max-steps 50 --batch-size 8 --lr 1e-3
 # [option: checkpoint]
     python train_amp.py --resume        # continue from OUT_DIR/ckpt.pt exactly where it stopped
 # [end]
@@ -13,7 +13,7 @@ Runs as downloaded: it trains a small demo model on synthetic data, on CPU or GP
 Put your model and data in the section marked "YOUR MODEL AND DATA"; the loop around them
 stays as it is. Every line that matters for mixed precision says why it is there.
 
-Regenerate: python -m troubleshooter recipe
+Regenerate: python -m troubleshooter recipe --clip 1.0 --scheduler cosine --checkpoint --nan-guard --eval
 """
 import argparse
 import math
