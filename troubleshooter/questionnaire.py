@@ -9,6 +9,7 @@ through the capability check).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -103,9 +104,11 @@ def validate_answers(answers: Any) -> dict:
     gpu = result.get("gpu")
     if not gpu and not any(p.startswith("gpu:") for p in problems):
         problems.append("gpu: required (a GPU model such as V100, T4, A100, RTX 4090, H100; 'cpu'; or 'detect')")
-    elif isinstance(gpu, str) and gpu.lower() not in _NOT_A_GPU_NAME and hardware.find_gpu(gpu) is None:
+    elif isinstance(gpu, str) and gpu.lower() not in _NOT_A_GPU_NAME and find_gpu(gpu) is None \
+            and _arch_device(gpu) is None:
         known = ", ".join(g.name for g in hardware.gpu_models())
-        problems.append(f"gpu: unknown GPU {gpu!r}: name one of {known}, or 'cpu', or 'detect'")
+        problems.append(f"gpu: unknown GPU {gpu!r}: name one of {known}, give its compute capability "
+                        "(e.g. sm_86), or say 'cpu' or 'detect'")
     if problems:
         raise UserError("invalid answers:", problems)
     for key, q in qmap.items():
@@ -197,6 +200,29 @@ class _Device:
     note: str = ""
 
 
+_CC = re.compile(r"^(?:sm_?|cc\s*|compute capability\s*)?(\d{1,2})\.?(\d)$", re.IGNORECASE)
+
+
+def find_gpu(name: str) -> hardware.GpuModel | None:
+    """hardware.find_gpu, plus a unique known GPU whose name contains the text ('A6000')."""
+    found = hardware.find_gpu(name)
+    if found is None and len(name.strip()) >= 3:
+        text = name.strip().lower()
+        hits = [g for g in hardware.gpu_models() if text in g.name.lower()]
+        found = hits[0] if len(hits) == 1 else None
+    return found
+
+
+def _arch_device(name: str) -> _Device | None:
+    """A compute capability ('sm_86', '8.6', 'cc 7.5') for GPUs not in the list."""
+    m = _CC.match(name.strip())
+    if not m:
+        return None
+    arch = hardware.architecture_for((int(m.group(1)), int(m.group(2))))
+    return _Device(f"sm_{m.group(1)}{m.group(2)} GPU", "cuda", arch.bf16, arch.fp16_tensor_cores,
+                   arch.fp16_tensor_cores, None, arch.name)
+
+
 def _gpu_device(gpu: hardware.GpuModel) -> _Device:
     arch = gpu.architecture
     peak = gpu.peak_tflops
@@ -237,11 +263,14 @@ def resolve_device(gpu: str, cpu_bf16: bool | None = None) -> _Device:
         return _detected_device()
     if name.lower() in _NOT_A_GPU_NAME:
         return _cpu_device(cpu_bf16)
-    found = hardware.find_gpu(name)
-    if found is None:
+    found = find_gpu(name)
+    if found is not None:
+        return _gpu_device(found)
+    by_arch = _arch_device(name)
+    if by_arch is None:
         known = ", ".join(g.name for g in hardware.gpu_models())
         raise UserError(f"gpu: unknown GPU {name!r}: name one of {known}, or 'cpu', or 'detect'")
-    return _gpu_device(found)
+    return by_arch
 
 
 def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
