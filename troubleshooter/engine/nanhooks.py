@@ -32,6 +32,11 @@ _MAX_NEST = 4
 _ZERO = torch.zeros(())  # placeholder min/max: a value that is never reported as non-finite  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
 
 
+def _measurable(t: torch.Tensor) -> bool:
+    """Floating or complex and not empty: the tensors that can hold NaN/Inf."""
+    return (t.is_floating_point() or t.is_complex()) and t.numel() > 0
+
+
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     """Tensors inside a module's inputs/outputs: tensors, tuples, lists, dicts (ModelOutput)."""
     if isinstance(obj, torch.Tensor):
@@ -159,17 +164,16 @@ class HookSet:
         return self._step.pending
 
     # -- recording ---------------------------------------------------------------------
-    def _slot(self, step: _Step, t: torch.Tensor) -> int | None:
-        """Index of t's min/max in step.vals, reducing it on the device unless already done."""
-        if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
-            return None
+    def _slot(self, step: _Step, t: torch.Tensor) -> tuple[int, bool]:
+        """(index of t's min/max in step.vals, True if reduced now); reduced once per version."""
         key = id(t)
         hit = step.seen.get(key)
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
-            return hit[2]
+        version = t._version
+        if hit is not None and hit[1] == version and hit[0]() is t:
+            return hit[2], False
         slot = self._reduce(step, t, measure=self.forward)
-        step.seen[key] = (weakref.ref(t), t._version, slot)
-        return slot
+        step.seen[key] = (weakref.ref(t), version, slot)
+        return slot, True
 
     _lock = threading.Lock()  # CUDA backward runs hooks on one autograd thread per device
 
@@ -198,41 +202,44 @@ class HookSet:
         step = self._step
         if idx == 0 and step.autocast is None:
             step.autocast = _autocast_now(args)
+        stack = step.stack
+        call = _Call(idx, (), stack[-1] if stack else None)
         ins: list[int] = []
-        if self.forward or self.backward:
-            for t in _tensors((args, kwargs) if kwargs else args):
-                slot = self._slot(step, t)
-                if slot is not None:
-                    ins.append(slot)
-        call = _Call(idx, tuple(ins), step.stack[-1] if step.stack else None)
-        for slot in call.ins:
-            step.consumers.setdefault(slot, []).append(call)
-        step.stack.append(call)
+        consumers = step.consumers
+        for t in args if not kwargs and all(type(a) is torch.Tensor for a in args) else _tensors((args, kwargs)):
+            if _measurable(t):
+                slot = self._slot(step, t)[0]
+                ins.append(slot)
+                if slot in consumers:
+                    consumers[slot].append(call)
+                else:
+                    consumers[slot] = [call]
+        call.ins = tuple(ins)
+        stack.append(call)
         return None
 
     def _post(self, idx: int, module: nn.Module, args: tuple, output: Any) -> None:
         if not (self.active and self._live):
             return None
         step = self._step
-        call = None
-        for i in range(len(step.stack) - 1, -1, -1):  # normally the top; tolerate odd nesting
-            if step.stack[i].module == idx:
-                call = step.stack.pop(i)
-                break
-        if call is None:
-            return None
+        stack = step.stack
+        if stack and stack[-1].module == idx:
+            call = stack.pop()
+        else:  # odd nesting (a hook elsewhere raised, re-entrant calls): search down the stack
+            i = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].module == idx), None)
+            if i is None:
+                return None
+            call = stack.pop(i)
         outs: list[int] = []
         grad_on = self.backward and torch.is_grad_enabled()
-        for t in _tensors(output):
-            if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+        for t in (output,) if isinstance(output, torch.Tensor) else _tensors(output):
+            if not _measurable(t):
                 continue
-            hit = step.seen.get(id(t))
-            reused = hit is not None and hit[0]() is t and hit[1] == t._version
-            slot = self._slot(step, t)
+            slot, fresh = self._slot(step, t)
             outs.append(slot)
             if call.dtype is None:
                 call.dtype = t.dtype
-            if grad_on and t.requires_grad and not reused:
+            if fresh and grad_on and t.requires_grad:  # a tensor seen before already has its hook
                 t.register_hook(partial(self._out_grad, step, call, slot))
         call.outs = tuple(outs)
         call.order = len(step.calls)
@@ -377,9 +384,10 @@ def _to_host(vals: list[torch.Tensor]) -> list[float]:
     """All recorded 0-d values as floats: one stacked copy per device, the step's only sync."""
     if not vals:
         return []
-    device = vals[0].device
-    if all(v.device == device for v in vals):
+    try:
         return torch.stack(vals).float().tolist()
+    except RuntimeError:  # values on several devices (model parallel, or CPU placeholders)
+        pass
     out = [0.0] * len(vals)
     by_device: dict[torch.device, list[int]] = {}
     for i, v in enumerate(vals):
