@@ -12,9 +12,11 @@ Choices that keep it robust in real training code:
 - inputs are reduced in a forward PRE-hook, so an in-place module (ReLU(inplace=True)) is
   seen with its true inputs; a tensor already reduced (same object, same `_version`) is not
   reduced twice, which also tells us which module consumed which module's output;
-- backward uses tensor hooks on module outputs plus parameter hooks, not
-  `register_full_backward_hook`, which breaks on in-place ops after a hooked module and
-  would change the user's autograd graph; a module called twice gets hooks per call.
+- backward uses hooks on the autograd node of each module output (what `Tensor.register_hook`
+  does, without its Python overhead) plus parameter hooks, not `register_full_backward_hook`,
+  which breaks on in-place ops after a hooked module and changes the user's autograd graph;
+  a module called twice gets hooks per call; a hook set before an in-place op sees the
+  gradient of the value before it, as tensor hooks do.
 """
 from __future__ import annotations
 
@@ -240,7 +242,11 @@ class HookSet:
             if call.dtype is None:
                 call.dtype = t.dtype
             if fresh and grad_on and t.requires_grad:  # a tensor seen before already has its hook
-                t.register_hook(partial(self._out_grad, step, call, slot))
+                node = t.grad_fn
+                if node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
+                    node.register_prehook(partial(self._node_grad, step, call, slot, t.output_nr))
+                else:
+                    t.register_hook(partial(self._out_grad, step, call, slot))
         call.outs = tuple(outs)
         call.order = len(step.calls)
         step.calls.append(call)
@@ -249,6 +255,10 @@ class HookSet:
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
         if self._live and grad is not None and grad.numel():
             step.grads.append(("out", (call, slot), self._reduce(step, grad)))
+
+    def _node_grad(self, step: _Step, call: _Call, slot: int, nr: int, grad_outputs: tuple) -> None:
+        if nr < len(grad_outputs):
+            self._out_grad(step, call, slot, grad_outputs[nr])
 
     def _param_grad(self, pidx: int, grad: torch.Tensor) -> None:
         if self._live and self.active and grad is not None and grad.numel():
