@@ -12,11 +12,18 @@ import sys
 # before its job. A worker needs nothing from the page, so it skips gradio (4 s to import)
 # and the layout; job functions live in `troubleshooter.*`.
 _WORKER = __name__ == "__mp_main__"
+if __name__ == "__main__":
+    # Options first: a mistyped option (or --help) is answered at once, before the slow imports,
+    # and the layout below is built with the settings in force.
+    from troubleshooter.ui import server as _server
+
+    _server.apply(_server.settings_or_exit(sys.argv[1:]))
 if not _WORKER:
     import gradio as gr
 
     from troubleshooter.ui import api, check, diagnose, host, questionnaire, recipe, specinput, speedup
     from troubleshooter.ui.glue import api_event, page_event
+    from troubleshooter.ui.server import SETTINGS
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
 FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and concurrent
@@ -295,7 +302,9 @@ def build_demo() -> gr.Blocks:
     info = host.host_info()
     with gr.Blocks(title="AMP Troubleshooter") as blocks:
         gr.Markdown("# AMP Troubleshooter\nDiagnose and fix PyTorch FP16/BF16 mixed-precision training.")
-        gr.Markdown(f"**This host:** {info['summary']}", elem_id="header-device")
+        gr.Markdown(f"**This host:** {info['summary']} · uploaded Python model files: "
+                    + ("**run** (--allow-exec)" if SETTINGS.allow_exec else "not run (start with --allow-exec)"),
+                    elem_id="header-device")
         with gr.Tabs():
             with gr.Tab("Diagnose a script", id="diagnose"):
                 _diagnose_tab()
@@ -314,16 +323,11 @@ if not _WORKER:
     demo = build_demo()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from troubleshooter.errors import UserError
+def main() -> int:
+    """Serve `demo` with the options parsed at the top of this file."""
     from troubleshooter.ui import server
 
-    try:
-        settings = server.settings_from_args(argv)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    server.apply(settings)
+    settings = server.SETTINGS
     if not server.is_loopback(settings.host) and settings.auth is None:
         print(f"warning: serving on {settings.host} without --auth: anyone who can reach the port can use it",
               file=sys.stderr)

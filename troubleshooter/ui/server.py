@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import sys
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -90,6 +91,15 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         )
     return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
                     max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout)
+
+
+def settings_or_exit(argv: list[str] | None = None) -> Settings:
+    """`settings_from_args`, or `error: ...` on stderr and exit status 2 (never a traceback)."""
+    try:
+        return settings_from_args(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def apply(settings: Settings) -> None:
