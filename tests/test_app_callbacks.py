@@ -245,3 +245,33 @@ def test_recipe_from_controls_and_api():
         recipe.api_recipe("precision=bf16")
     with pytest.raises(UserError, match="channels"):
         recipe.render({"channels_last": True, "model": "transformer"})
+
+
+def test_mechanical_fixes_come_as_corrected_script_and_diff(tmp_path):
+    from troubleshooter.ui import diagnose
+
+    p = tmp_path / "old_api.py"
+    p.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    status, rows, md, js, rule, note, fixed, diff, fixed_path, diff_path = diagnose.ui_lint(None, str(p))
+    assert rule == "AMP106" and "AMP106 line 2" in note
+    assert "torch.amp.GradScaler" in fixed and "torch.cuda.amp" not in fixed
+    assert Path(fixed_path).read_text() == fixed and Path(fixed_path).name == "old_api_amp_fixed.py"
+    assert "-scaler = torch.cuda.amp.GradScaler()" in Path(diff_path).read_text()
+    assert diagnose.lint_script(fixed, None)["rules_found"] == []  # the fix removes the finding
+
+
+def test_python_model_file_runs_only_with_allow_exec_and_in_a_child(tmp_path, monkeypatch):
+    from troubleshooter.ui import check, specinput
+
+    model = tmp_path / "my_model.py"
+    model.write_text(
+        "import os, torch\nfrom torch import nn\n"
+        "def build_model():\n    return nn.Sequential(nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 4))\n"
+        "def make_batch(batch_size):\n"
+        "    return (torch.randn(batch_size, 16),), torch.randint(0, 4, (batch_size,))\n"
+    )
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    source = specinput.source_from_inputs("Upload", "", "", "", str(model))
+    result = check.run(source, "cpu", ["alignment"], 1)
+    dims = {(r["module"], r["dimension"]): r for r in result["alignment"]}
+    assert dims[("0", "out_features")]["padded"] == 16  # 12 -> 16: measured on the user's model

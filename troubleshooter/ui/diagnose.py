@@ -109,15 +109,23 @@ def lint_script(code: str | None, upload) -> dict:
     }
     fix = getattr(lint, "fix_text", None)
     if fix is not None and not name.lower().endswith(".ipynb"):
-        fixed = fix(text)
+        fixed = fix(text, path=name)
         applied = list(getattr(fixed, "applied", []) or [])
         if applied and fixed.fixed_text != text:
             result.update(
-                fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[str(a) for a in applied],
+                fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[_describe_fix(a) for a in applied],
                 fixed_path=common.write_download(f"{stem}_amp_fixed.py", fixed.fixed_text),
                 diff_path=common.write_download(f"{stem}_amp_fixes.diff", fixed.diff or ""),
             )
     return result
+
+
+def _describe_fix(applied) -> str:
+    """`AMP106 line 4` for an applied fix (a Finding), or its text for anything else."""
+    if isinstance(applied, Finding):
+        line = applied.location.line
+        return f"{applied.rule} line {line}" if line else applied.rule
+    return str(applied)
 
 
 def summary_line(findings: list[Finding], errors: list, name: str) -> str:
@@ -166,7 +174,8 @@ def ui_lint(code: str | None, upload) -> tuple:
     r = lint_script(code, upload)
     first_rule = r["rules_found"][0] if r["rules_found"] else None
     if r["fixed_text"] is not None:
-        note = f"{len(r['applied'])} mechanical fix(es) applied: " + ", ".join(r["applied"])
+        note = (f"**{len(r['applied'])} mechanical fix{'es' if len(r['applied']) != 1 else ''} applied** "
+                f"({', '.join(r['applied'])}); the other findings need a human. Review the diff.")
     else:
         note = "No mechanical fix applies; follow the **fix** column by hand."
     return (r["summary"], r["rows"], r["md_path"], r["json_path"], first_rule,
