@@ -9,9 +9,12 @@ the machine (clocks, other processes) hits all of them alike, until every precis
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -129,12 +132,38 @@ def _tensor_bytes(*objs: Any) -> int:
     return sum(seen.values())
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Mute file descriptor 2 briefly: the profiler's native layer logs every start and stop
+    there ("USDT: ... profiler_start"), which is noise in a report. Only its start and stop run
+    inside this, never the user's step."""
+    try:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _profiled_step_peak(step: Callable[[], Any]) -> int:
     """Peak of live CPU tensor bytes during one call, relative to its start (PyTorch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_native_stderr():
+        prof.__enter__()
+    try:
         step()
+    finally:
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0
