@@ -7,7 +7,7 @@ import json
 
 from ..errors import UserError
 from ..findings import Finding, findings_to_markdown
-from . import common, jobs, specinput
+from . import common, host, jobs, specinput
 from .server import SETTINGS
 
 CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
@@ -46,6 +46,7 @@ def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=Non
     from ..engine.check import check_source
 
     only, n = _only(checks), _steps(steps)
+    device = host.validate_device(device)
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
     kwargs = dict(device=device or "auto", only=only, steps=n)
@@ -262,8 +263,6 @@ def capability_in_child(device: str = "auto") -> dict:
 @functools.lru_cache(maxsize=8)
 def _capability_cached(device: str) -> dict:
     if device == "auto":
-        from . import host
-
         cached = host.host_info().get("capability")
         if cached:
             return cached
@@ -273,7 +272,7 @@ def _capability_cached(device: str) -> dict:
 def capability(device: str = "auto") -> dict:
     """The capability report of `device`, probed once per device in a worker process (the
     server never creates a CUDA context), then remembered: hardware does not change."""
-    return copy.deepcopy(_capability_cached((device or "auto").strip() or "auto"))
+    return copy.deepcopy(_capability_cached(host.validate_device(device)))
 
 
 class _no_progress:

@@ -25,6 +25,8 @@ def read_script(code: str | None, upload) -> tuple[str, str]:
     path = common.upload_path(upload)
     if path:
         text = common.read_text_upload(path, SETTINGS.max_file_bytes, SCRIPT_KINDS, "a Python script or notebook")
+        if not text.strip():
+            raise UserError(f"{common.display_name(path)} is empty: nothing to diagnose")
         return text, common.display_name(path)
     text = common.check_text_size(code, SETTINGS.max_file_bytes, "the pasted code")
     if not text.strip():

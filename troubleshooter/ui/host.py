@@ -62,3 +62,12 @@ def device_choices() -> list[tuple[str, str]]:
         label = "auto (best available)" if dev == "auto" else f"{dev} — {info['device_names'].get(dev, dev)}"
         out.append((label, dev))
     return out
+
+
+def validate_device(device: str | None) -> str:
+    """`device` if this host has it (answered here, before a worker starts), else UserError."""
+    device = (device or "auto").strip() or "auto"
+    known = host_info()["devices"]
+    if device in known or (device == "cuda" and any(d.startswith("cuda:") for d in known)):
+        return device
+    raise UserError(f"this host has no device {device!r}; it has: {', '.join(known)}")

@@ -5,7 +5,7 @@ import json
 import math
 
 from ..errors import UserError
-from . import common, jobs, specinput
+from . import common, host, jobs, specinput
 from .server import SETTINGS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -43,6 +43,7 @@ def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float
     from ..engine.speedup import speedup_source
 
     precs, budget = _parse_precisions(precisions), _budget(budget_s)
+    device = host.validate_device(device)
     specinput.validate(source)
     timeout = min(SETTINGS.job_timeout_s, 3 * budget + (600 if compile else 120))
     timeout = max(timeout, budget + 60)
