@@ -154,7 +154,7 @@ def test_failing_baseline_leaves_no_verdict_but_other_numbers():
     res = run_speedup(tiny(fail_in="fp32"), device="cpu", precisions=["fp32", "bf16"], budget_s=0.3)
     assert "fp32" in res["errors"] and set(res["results"]) == {"bf16"}
     assert res["results"]["bf16"]["speedup_vs_fp32"] is None
-    assert res["verdict"]["level"] == "unknown"
+    assert res["verdict"]["level"] == "unknown" and "fp32 failed" in res["verdict"]["recommendation"]
 
 
 def test_bad_options_are_user_errors():

@@ -74,8 +74,10 @@ def describe_device(device: torch.device) -> dict[str, Any]:
               f"{'present' if fp16 else 'absent'}."),
     )
     if device.type == "mps":
-        info.update(name="Apple GPU (MPS)", cpu_numbers=False, cpu_features=None,
-                    note="MPS numbers: Apple GPU through Metal")
+        info.update(name="Apple GPU (MPS)", cpu_numbers=False, cpu_features=None, bf16_native=None,
+                    fp16_native=True, note="MPS numbers: an Apple GPU through Metal",
+                    summary=f"Apple GPU (MPS) · torch {torch.__version__}")
+        return info
     shown = " ".join(f"{k} {'✓' if v else ('?' if v is None else '✗')}" for k, v in flags.items())
     info["summary"] = f"CPU (no GPU) · {name} · {torch.get_num_threads()} threads · {shown}"
     return info
@@ -325,6 +327,7 @@ def run_speedup(
         bf16_native=info.get("bf16_native"), flops_per_step=flops, batch_size=workload.batch_size,
         seq_len=workload.seq_len, fp32_peak_share=fp32_share, misaligned=misaligned,
         loss_rel_diff={p: r.get("loss_rel_diff_vs_fp32") for p, r in results.items()}, compiled=compile,
+        failed=tuple(errors),
     )
     for p in list(runners):
         del runners[p]

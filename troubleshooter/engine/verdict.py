@@ -92,20 +92,27 @@ def make_verdict(
     misaligned: Sequence[str] = (),
     loss_rel_diff: Mapping[str, float | None] | None = None,
     compiled: bool = False,
+    failed: Sequence[str] = (),
 ) -> Verdict:
     """Decide from median step times per precision (ms) and what is known about the run.
 
     `misaligned` lists human descriptions of dimensions that are not tensor-core friendly
     (from the alignment check, AMP201); `loss_rel_diff` maps precision -> |loss - fp32 loss|
-    / |fp32 loss| after the same few steps.
+    / |fp32 loss| after the same few steps; `failed` names precisions that raised an error.
     """
     medians = {p: float(v) for p, v in medians_ms.items() if v is not None and v > 0}
     others = {p: v for p, v in medians.items() if p != "fp32"}
     notes = _loss_notes(loss_rel_diff or {})
     if "fp32" not in medians or not others:
         best = min(medians, key=medians.get) if medians else None
-        why = ("fp32 was not measured, so there is no baseline: include fp32 in --precisions"
-               if "fp32" not in medians else "only fp32 was measured: add fp16/bf16 to --precisions")
+        if "fp32" in failed:
+            why = "fp32 failed (see the errors), so there is no baseline to compare with"
+        elif "fp32" not in medians:
+            why = "fp32 was not measured, so there is no baseline: include fp32 in --precisions"
+        elif failed:
+            why = f"only fp32 could be measured ({', '.join(failed)} failed: see the errors)"
+        else:
+            why = "only fp32 was measured: add fp16/bf16 to --precisions"
         return Verdict("unknown", f"no verdict: {why}", best, None, notes)
 
     best = min(others, key=others.get)
