@@ -105,3 +105,56 @@ def test_step_timer_on_cpu_times_each_call():
     slow, fast = timer.collect()
     assert slow >= 19.0 and fast < slow
     assert timer.collect() == []
+
+
+def test_step_timer_on_cuda_reads_events_only_after_a_synchronize(monkeypatch):
+    """No GPU here: fake events check the order (record, step, record; sync; elapsed_time)."""
+    import torch
+
+    from troubleshooter.engine import timing
+
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            log.append("record")
+            self.t = len(log)
+
+        def elapsed_time(self, end):
+            assert log[-1] == "sync", "elapsed_time read before synchronising"
+            return float(end.t - self.t)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda device: log.append("sync"))
+    timer = timing.StepTimer(torch.device("cuda"))
+    timer.time(lambda: log.append("step"))
+    timer.time(lambda: log.append("step"))
+    assert "sync" not in log  # no host round trip per step
+    assert timer.collect() == [2.0, 2.0]
+    assert log == ["record", "step", "record"] * 2 + ["sync"]
+
+
+def test_describe_a_cuda_device_from_injected_facts(monkeypatch):
+    import torch
+
+    from troubleshooter.engine import speedup as sp
+
+    class Props:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    info = sp.describe_device(torch.device("cuda"))
+    assert info["architecture"] == "Turing" and info["compute_capability"] == "7.5"
+    assert info["tensor_cores"] is True and info["bf16_native"] is False and info["tf32"] is False
+    assert info["cpu_numbers"] is False and "sm_75" in info["summary"]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    avail, unavailable = sp.split_available(["fp32", "tf32", "fp16", "bf16"], torch.device("cuda"), info)
+    assert avail == ["fp32", "fp16", "bf16"] and "sm_75" in unavailable["tf32"]
+    assert sp._native("bf16", info) is False and sp._native("fp16", info) is True
