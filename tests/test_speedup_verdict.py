@@ -158,3 +158,10 @@ def test_describe_a_cuda_device_from_injected_facts(monkeypatch):
     avail, unavailable = sp.split_available(["fp32", "tf32", "fp16", "bf16"], torch.device("cuda"), info)
     assert avail == ["fp32", "fp16", "bf16"] and "sm_75" in unavailable["tf32"]
     assert sp._native("bf16", info) is False and sp._native("fp16", info) is True
+
+
+def test_noisy_timings_are_called_out():
+    v = make_verdict({"fp32": 30.0, "bf16": 10.0}, spreads={"fp32": 0.02, "bf16": 0.4})
+    assert v.level == "use_amp" and any("noisy (bf16 spread 40%" in r for r in v.reasons)
+    quiet = make_verdict({"fp32": 30.0, "bf16": 10.0}, spreads={"fp32": 0.02, "bf16": 0.03})
+    assert not any("noisy" in r for r in quiet.reasons)

@@ -328,6 +328,7 @@ def run_speedup(
         seq_len=workload.seq_len, fp32_peak_share=fp32_share, misaligned=misaligned,
         loss_rel_diff={p: r.get("loss_rel_diff_vs_fp32") for p, r in results.items()}, compiled=compile,
         failed=tuple(errors),
+        spreads={p: r["spread"] for p, r in results.items() if r.get("timed_from") != "warm-up"},
     )
     for p in list(runners):
         del runners[p]

@@ -23,6 +23,7 @@ SHORT_CUDA_STEP_MS = 5.0
 LOW_PEAK_SHARE = 0.15
 SMALL_BATCH = 16
 SMALL_ITEMS = 4096
+NOISY_SPREAD = 0.10  # IQR/median above this: something else is competing for the device
 PREFER_BF16_WITHIN = 1.05  # bf16 this close to fp16 is worth it: no GradScaler, no overflow
 
 LEVELS = ("stay_fp32", "modest", "use_amp", "unknown")
@@ -93,16 +94,18 @@ def make_verdict(
     loss_rel_diff: Mapping[str, float | None] | None = None,
     compiled: bool = False,
     failed: Sequence[str] = (),
+    spreads: Mapping[str, float | None] | None = None,
 ) -> Verdict:
     """Decide from median step times per precision (ms) and what is known about the run.
 
     `misaligned` lists human descriptions of dimensions that are not tensor-core friendly
     (from the alignment check, AMP201); `loss_rel_diff` maps precision -> |loss - fp32 loss|
-    / |fp32 loss| after the same few steps; `failed` names precisions that raised an error.
+    / |fp32 loss| after the same few steps; `failed` names precisions that raised an error;
+    `spreads` maps precision -> IQR/median of its samples.
     """
     medians = {p: float(v) for p, v in medians_ms.items() if v is not None and v > 0}
     others = {p: v for p, v in medians.items() if p != "fp32"}
-    notes = _loss_notes(loss_rel_diff or {})
+    notes = _noise_notes(spreads or {}) + _loss_notes(loss_rel_diff or {})
     if "fp32" not in medians or not others:
         best = min(medians, key=medians.get) if medians else None
         if "fp32" in failed:
@@ -134,6 +137,15 @@ def make_verdict(
     if level != "use_amp":
         verdict.findings.append(_low_speedup_finding(verdict, device_type, device_name))
     return verdict
+
+
+def _noise_notes(spreads: Mapping[str, float | None]) -> list[str]:
+    noisy = {p: v for p, v in spreads.items() if v is not None and v > NOISY_SPREAD}
+    if not noisy:
+        return []
+    worst = max(noisy, key=noisy.get)
+    return [f"the timings are noisy ({worst} spread {noisy[worst]:.0%}, IQR/median): another process is "
+            "competing for the device, so the ratios are rough; rerun on an idle machine or with a larger --budget"]
 
 
 def _loss_notes(loss_rel_diff: Mapping[str, float | None]) -> list[str]:
