@@ -139,3 +139,20 @@ def test_columns_count_characters_not_bytes():
     (f,) = lint_text(src).findings
     assert (f.rule, f.location.line, f.location.column) == ("AMP106", 2, 12)
     assert fix_text(src).fixed_text == 'import torch\nπ = 1; s = torch.amp.GradScaler("cuda")\n'
+
+
+def test_python_api_contract():
+    from troubleshooter.errors import UserError
+    from troubleshooter.lint import all_rules, explain_rule, get_rule
+
+    nb = (FIXTURES / "bad_notebook.ipynb").read_text()
+    report = lint_text(nb, "nb.ipynb")
+    assert [(f.rule, f.location.cell) for f in report.findings] == [("AMP101", 3)]
+    assert report.to_dict()["findings"][0]["cell"] == 3 and report.exit_code == 1
+    assert lint_text("x = 1\n").exit_code == 0 and lint_text("def (:\n").exit_code == 2
+    with pytest.raises(UserError):
+        get_rule("AMP999")
+    with pytest.raises(UserError):
+        lint_text("x = 1\n", select="NOPE")
+    assert explain_rule("AMP106").startswith("# AMP106 deprecated-amp-api (warning)")
+    assert all(hasattr(r, "fix") and r.example_bad for r in all_rules())

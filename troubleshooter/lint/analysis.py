@@ -667,9 +667,10 @@ class _Walker:
                 ac = self.m.autocast_of_with(item.context_expr)
                 if ac is not None:
                     new_regions = new_regions + (ac,)
-                    self.s.regions.append((ac, st, new_nograd))
                 if self.m.is_nograd(item.context_expr):
                     new_nograd = True
+            for ac in new_regions[len(regions):]:  # `with autocast(...), no_grad():` is inference too
+                self.s.regions.append((ac, st, new_nograd))
             self._body(st.body, (loops, branches, new_regions, new_nograd, guards))
             return
         if isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
