@@ -201,3 +201,44 @@ def test_hooks_do_not_change_results_and_bad_arguments_are_refused():
         nanhunt(object())
     with pytest.raises(ValueError):
         nanhunt(model, every=0)
+
+
+class SqrtAtZero(nn.Module):
+    """Finite forward (sqrt of exactly 0), infinite slope: a backward-only inf."""
+
+    def forward(self, x):
+        return torch.sqrt(x - x.detach())
+
+
+def test_backward_blame_passes_through_activations_to_the_module_that_made_it():
+    for act in (nn.GELU(), nn.ReLU(), nn.Tanh()):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), act, SqrtAtZero(), nn.Linear(8, 2))
+        with nanhunt(model, log=False) as hunt:
+            train_step(model, torch.randn(4, 8))
+            event = hunt.step()
+        assert event["forward"] is None, act
+        assert event["backward"]["module"] == "2" and event["backward"]["class"] == "SqrtAtZero", act
+
+
+def test_ignored_modules_are_not_hooked():
+    class MaskMaker(nn.Module):  # returns -inf on purpose, like an additive attention mask
+        def forward(self, x):
+            return torch.full_like(x, float("-inf")).triu(1)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mask = MaskMaker()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.softmax(self.lin(x) + self.mask(x), dim=-1)
+
+    model, x = Net(), torch.randn(8, 8)
+    with nanhunt(model, log=False) as hunt:
+        model(x).sum().backward()
+        assert hunt.step()["forward"]["module"] == "mask"
+    with nanhunt(model, ignore=["mask*"], log=False) as hunt:
+        model(x).sum().backward()
+        assert hunt.step() is None

@@ -20,12 +20,13 @@ Choices that keep it robust in real training code:
 """
 from __future__ import annotations
 
+import fnmatch
 import math
 import threading
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -82,7 +83,7 @@ class _Call:
 class _Step:
     """Everything recorded between two `collect()`s; values stay on the device until then."""
 
-    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending")
+    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias")
 
     def __init__(self) -> None:
         self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
@@ -93,6 +94,7 @@ class _Step:
         self.grads: list[tuple[str, Any, int]] = []  # backward events: ("out", call, slot) | ("param", idx, slot)
         self.autocast: str | None = None  # autocast dtype seen at the root call, if any
         self.pending = False  # anything recorded since the last collect
+        self.alias: dict[int, int] = {}  # slot -> slot whose values it shares (transparent modules)
 
 
 @dataclass
@@ -115,10 +117,14 @@ class StepReport:
 class HookSet:
     """Hooks on a module tree recording cheap on-device min/max; `collect()` analyses a step."""
 
-    def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True):
+    def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True,
+                 ignore: Sequence[str] = ()):
         if not isinstance(model, nn.Module):
             raise TypeError(f"nanhunt needs a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(ignore, str):
+            ignore = [ignore]
         self.model = model
+        self.ignore = tuple(ignore)  # fnmatch patterns of module names left unhooked
         self.forward = forward
         self.backward = backward
         self.active = True  # False: hooks return at once (steps skipped by `every`)
@@ -129,6 +135,8 @@ class HookSet:
         self._classes: list[str] = []
         self._param_names: list[str] = []
         self._param_owner: list[int] = []
+        self._transparent: set[int] = set()  # modules that cannot create NaN/Inf (see below)
+        self._passes_grads: set[int] = set()  # ... and pass non-finite gradients on unchanged
         self._step = _Step()
 
     # -- attach / detach ---------------------------------------------------------------
@@ -136,15 +144,25 @@ class HookSet:
         if self._live:
             return self
         index_of: dict[int, int] = {}
+        self._names, self._classes, self._param_names, self._param_owner = [], [], [], []
+        self._transparent, self._passes_grads = set(), set()
         for name, module in self.model.named_modules():
-            idx = len(self._names)
+            if name and any(fnmatch.fnmatchcase(name, pat) for pat in self.ignore):
+                continue
+            idx = len(self._names)  # the model itself is 0
             index_of[id(module)] = idx
             self._names.append(name)
             self._classes.append(type(module).__name__)
+            if _is_transparent(module):
+                self._transparent.add(idx)
+                if type(module) in _PASSES_GRADS:
+                    self._passes_grads.add(idx)
             self._handles.append(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True))
             self._handles.append(module.register_forward_hook(partial(self._post, idx)))
         if self.backward:
             for mname, module in self.model.named_modules():
+                if id(module) not in index_of:
+                    continue
                 for pname, param in module.named_parameters(recurse=False):
                     if not param.requires_grad:
                         continue
@@ -232,8 +250,21 @@ class HookSet:
             if i is None:
                 return None
             call = stack.pop(i)
-        outs: list[int] = []
         grad_on = self.backward and torch.is_grad_enabled()
+        if idx in self._transparent and len(call.ins) == 1 and isinstance(output, torch.Tensor):
+            # cannot make NaN/Inf from finite input: its output gets a slot that copies its
+            # input's values at collect(), so no reduction; a gradient hook only where its
+            # backward could hide a non-finite gradient (ReLU's mask turns inf into 0)
+            slot = self._alias(step, call.ins[0])
+            step.seen[id(output)] = (weakref.ref(output), output._version, slot)
+            call.outs = (slot,)
+            call.dtype = output.dtype
+            call.order = len(step.calls)
+            step.calls.append(call)
+            if grad_on and output.requires_grad and idx not in self._passes_grads:
+                self._grad_hook(output, step, call, slot)
+            return None
+        outs: list[int] = []
         for t in (output,) if isinstance(output, torch.Tensor) else _tensors(output):
             if not _measurable(t):
                 continue
@@ -242,11 +273,7 @@ class HookSet:
             if call.dtype is None:
                 call.dtype = t.dtype
             if fresh and grad_on and t.requires_grad:  # a tensor seen before already has its hook
-                node = t.grad_fn
-                if node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
-                    node.register_prehook(partial(self._node_grad, step, call, slot, t.output_nr))
-                else:
-                    t.register_hook(partial(self._out_grad, step, call, slot))
+                self._grad_hook(t, step, call, slot)
         call.outs = tuple(outs)
         call.order = len(step.calls)
         step.calls.append(call)
@@ -255,6 +282,22 @@ class HookSet:
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
         if self._live and grad is not None and grad.numel():
             step.grads.append(("out", (call, slot), self._reduce(step, grad)))
+
+    def _grad_hook(self, t: torch.Tensor, step: _Step, call: _Call, slot: int) -> None:
+        node = t.grad_fn
+        if node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
+            node.register_prehook(partial(self._node_grad, step, call, slot, t.output_nr))
+        else:
+            t.register_hook(partial(self._out_grad, step, call, slot))
+
+    def _alias(self, step: _Step, source: int) -> int:
+        """A new slot holding the same values as `source` (filled in at collect)."""
+        with self._lock:
+            slot = len(step.vals) // 2
+            step.vals.append(_ZERO)
+            step.vals.append(_ZERO)
+            step.alias[slot] = source
+        return slot
 
     def _node_grad(self, step: _Step, call: _Call, slot: int, nr: int, grad_outputs: tuple) -> None:
         if nr < len(grad_outputs):
@@ -275,6 +318,8 @@ class HookSet:
         finite = [math.isfinite(a) and math.isfinite(b) for a, b in zip(lo, hi)]
         max_abs = [max(abs(a), abs(b)) if f else (float("nan") if (math.isnan(a) or math.isnan(b)) else float("inf"))
                    for a, b, f in zip(lo, hi, finite)]
+        for slot, source in step.alias.items():  # in creation order, so chains resolve
+            finite[slot], max_abs[slot] = finite[source], max_abs[source]
         fwd = self._first_forward(step, finite, max_abs) if self.forward else None
         bwd, loss_grad = self._first_backward(step, finite, max_abs) if self.backward else (None, False)
         calls = [
@@ -367,13 +412,46 @@ class HookSet:
         consumers = sorted(step.consumers.get(slot, []), key=lambda c: -c.order)
         consumers = [c for c in consumers if c.order >= 0]
         if consumers:
-            return consumers[0], "input", consumers
+            culprit = consumers[0]
+            # a transparent module without a gradient hook only passed the gradient through:
+            # the blame belongs to whatever consumed its output
+            while culprit.module in self._passes_grads and culprit.outs:
+                nxt = [c for c in step.consumers.get(culprit.outs[0], []) if c.order >= 0]
+                if not nxt:
+                    break
+                culprit = max(nxt, key=lambda c: c.order)
+            return culprit, "input", consumers
         parent = call.parent
         while parent is not None and slot in parent.outs:
             parent = parent.parent
         if parent is None:
             return None, "loss", []
         return parent, "forward code", [parent]
+
+
+# Modules that cannot turn finite values into NaN/Inf in any dtype, forward or backward:
+# |f(x)| <= |x| + 1 and bounded derivatives. Dropout is NOT here: its 1/(1-p) rescaling can
+# push a float16 value past 65504; nor are ELU/SELU/CELU (scaling) or Threshold (any value).
+_TRANSPARENT_TYPES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardsigmoid,
+                      nn.Hardswish, nn.Mish, nn.Softsign, nn.Tanhshrink, nn.Identity, nn.Flatten,
+                      nn.Unflatten)
+
+
+# ... of which these compute their backward by multiplication (or pass it through), so a
+# non-finite gradient stays non-finite through them: no gradient hook needed on their output.
+_PASSES_GRADS = (nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Mish, nn.Softsign, nn.Tanhshrink,
+                 nn.Identity, nn.Flatten, nn.Unflatten)
+
+
+def _is_transparent(module: nn.Module) -> bool:
+    kind = type(module)  # exact type: a subclass may override forward()
+    if kind in _TRANSPARENT_TYPES:
+        return True
+    if kind is nn.LeakyReLU:
+        return math.isfinite(module.negative_slope) and abs(module.negative_slope) <= 1
+    if kind is nn.Hardtanh:
+        return not (math.isnan(module.min_val) or math.isnan(module.max_val))
+    return False
 
 
 def _autocast_now(args: tuple) -> str | None:

@@ -101,6 +101,9 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
     gradient, and a single host synchronisation in `step()` (or at the next forward when
     `step()` is never called). Hooks are removed by `detach()` / leaving the `with` block.
 
+    ignore: fnmatch patterns of module names not to hook, e.g. a module that returns an
+    attention mask full of -inf on purpose ("encoder.mask*").
+
     scaler: pass your `GradScaler` in fp16 training. A non-finite *scaled* gradient with a
     finite forward is then a skipped step (GradScaler's normal calibration), recorded in
     `events` with `skipped=True` but not raised, until more than `patience` steps in a row skip.
@@ -117,12 +120,13 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
         log: bool = True,
         scaler: Any = None,
         patience: int = 20,
+        ignore: Sequence[str] = (),
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive integer, got {every!r}")
         if not (forward or backward):
             raise ValueError("nanhunt with forward=False and backward=False would check nothing")
-        self.hooks = HookSet(model, forward=forward, backward=backward)
+        self.hooks = HookSet(model, forward=forward, backward=backward, ignore=ignore)
         self.hooks.on_root_call = self._on_root_call
         self.every = every
         self.raise_on_nonfinite = raise_on_nonfinite
