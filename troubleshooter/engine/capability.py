@@ -282,11 +282,9 @@ def report_from_profile(profile: dict) -> CapabilityReport:
 # --- reading the host ---------------------------------------------------------------------------
 
 def _tf32_settings() -> dict:
-    import torch
+    from .precision import tf32_settings
 
-    return {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    return tf32_settings()
 
 
 def host_profile(device: str = "auto", cpuinfo_text: str | None = None) -> dict:

@@ -84,9 +84,54 @@ def make_scaler(precision: str, device: torch.device, **kwargs) -> torch.amp.Gra
     return torch.amp.GradScaler(device.type, enabled=uses_scaler(precision), **kwargs)
 
 
+def _new_tf32_api() -> bool:
+    """torch >= 2.9 has per-backend `fp32_precision`; once anything sets it, reading the legacy
+    `allow_tf32` flags raises, so we must go through the new API whenever it exists."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+
+
+def _read(getter):
+    """torch raises when legacy and new TF32 APIs were mixed; report that instead of failing."""
+    try:
+        return getter()
+    except RuntimeError:
+        return None
+
+
+def tf32_settings() -> dict:
+    """The current TF32 switches, read without tripping torch's legacy/new API mix check."""
+    if _new_tf32_api():
+        matmul = torch.backends.cuda.matmul.fp32_precision
+        conv = torch.backends.cudnn.conv.fp32_precision
+        global_precision = _read(torch.get_float32_matmul_precision)
+        return {
+            "matmul_allow_tf32": matmul == "tf32" or (matmul == "none" and global_precision not in (None, "highest")),
+            "cudnn_allow_tf32": conv == "tf32",
+            "matmul_fp32_precision": matmul,
+            "cudnn_conv_fp32_precision": conv,
+            "float32_matmul_precision": global_precision,
+        }
+    return {
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
 @contextlib.contextmanager
 def tf32_mode(enabled: bool) -> Iterator[None]:
     """Turn TF32 for matmul and cuDNN on or off for the block, restoring the previous settings."""
+    if _new_tf32_api():
+        backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+        old = [b.fp32_precision for b in backends]
+        for b in backends:
+            b.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            for b, value in zip(backends, old):
+                b.fp32_precision = value
+        return
     old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
