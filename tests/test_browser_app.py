@@ -61,6 +61,15 @@ def page(app_server):
         browser.close()
 
 
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request, page):
+    """A failing browser test leaves tests/artifacts/FAILED-<test>.png: the page as it was."""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        shot(page, f"FAILED-{request.node.name}")
+
+
 def shot(page, name: str, docs: bool = False) -> None:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
