@@ -16,7 +16,9 @@ Choices that keep it robust in real training code:
   does, without its Python overhead) plus parameter hooks, not `register_full_backward_hook`,
   which breaks on in-place ops after a hooked module and changes the user's autograd graph;
   a module called twice gets hooks per call; a hook set before an in-place op sees the
-  gradient of the value before it, as tensor hooks do.
+  gradient of the value before it, as tensor hooks do;
+- activations that cannot create NaN/Inf (ReLU, GELU, Tanh, ...) are not reduced: their
+  output shares their input's values, and backward blame passes through them.
 """
 from __future__ import annotations
 
@@ -31,8 +33,16 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-_MAX_NEST = 4
-_ZERO = torch.zeros(())  # placeholder min/max: a value that is never reported as non-finite  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
+_MAX_NEST = 4  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
+_ZEROS: dict[torch.device, torch.Tensor] = {}  # placeholder min/max per device: never non-finite
+
+
+def _zero(device: torch.device) -> torch.Tensor:
+    """A 0-d zero on `device`, made once, so placeholders stack with the real values."""
+    z = _ZEROS.get(device)
+    if z is None:
+        z = _ZEROS[device] = torch.zeros((), device=device)
+    return z
 
 
 def _measurable(t: torch.Tensor) -> bool:
@@ -204,7 +214,7 @@ class HookSet:
                 d = d.abs()
             lo, hi = torch.aminmax(d)
         else:  # forward=False: module inputs/outputs only need a slot (who consumed what)
-            lo = hi = _ZERO
+            lo = hi = _zero(t.device)
         with self._lock:
             slot = len(step.vals) // 2
             step.vals.append(lo)
@@ -255,7 +265,7 @@ class HookSet:
             # cannot make NaN/Inf from finite input: its output gets a slot that copies its
             # input's values at collect(), so no reduction; a gradient hook only where its
             # backward could hide a non-finite gradient (ReLU's mask turns inf into 0)
-            slot = self._alias(step, call.ins[0])
+            slot = self._alias(step, call.ins[0], output.device)
             step.seen[id(output)] = (weakref.ref(output), output._version, slot)
             call.outs = (slot,)
             call.dtype = output.dtype
@@ -280,8 +290,15 @@ class HookSet:
         return None
 
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
-        if self._live and grad is not None and grad.numel():
-            step.grads.append(("out", (call, slot), self._reduce(step, grad)))
+        if not (self._live and grad is not None and grad.numel()):
+            return
+        consumers = step.consumers.get(slot)
+        if consumers and all(c.module in self._transparent and c.module not in self._passes_grads
+                             for c in consumers):
+            # only ReLU-like modules consumed it, and their own output gradient is checked:
+            # they cannot make a finite gradient non-finite, so this one adds nothing
+            return
+        step.grads.append(("out", (call, slot), self._reduce(step, grad)))
 
     def _grad_hook(self, t: torch.Tensor, step: _Step, call: _Call, slot: int) -> None:
         node = t.grad_fn
@@ -290,12 +307,13 @@ class HookSet:
         else:
             t.register_hook(partial(self._out_grad, step, call, slot))
 
-    def _alias(self, step: _Step, source: int) -> int:
+    def _alias(self, step: _Step, source: int, device: torch.device) -> int:
         """A new slot holding the same values as `source` (filled in at collect)."""
+        zero = _zero(device)
         with self._lock:
             slot = len(step.vals) // 2
-            step.vals.append(_ZERO)
-            step.vals.append(_ZERO)
+            step.vals.append(zero)
+            step.vals.append(zero)
             step.alias[slot] = source
         return slot
 

@@ -24,6 +24,8 @@ from .nanhooks import HookSet, StepReport, number
 __all__ = ["nanhunt", "NonFiniteError", "hunt_nonfinite", "format_event"]
 
 log = logging.getLogger("troubleshooter.nanhunt")
+_MAX_EVENTS = 1000  # events kept in nanhunt.events
+_MAX_LOGGED = 5  # non-finite steps logged as warnings before going quiet
 
 
 class NonFiniteError(FloatingPointError):
@@ -139,6 +141,7 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
         self._manual = False  # step() called at least once: no auto-stepping at forward
         self._started = False  # a forward happened in the current (auto) step
         self._consecutive = 0
+        self._counts = {"real": 0, "skipped": 0}
 
     # lifecycle
     def attach(self) -> "nanhunt":
@@ -166,7 +169,13 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
 
     @property
     def skipped_steps(self) -> int:
-        return sum(1 for e in self.events if e.get("skipped"))
+        """Steps GradScaler skipped (scaled gradients non-finite, forward finite)."""
+        return self._counts["skipped"]
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps with a non-finite value that were not GradScaler skips."""
+        return self._counts["real"]
 
     # stepping
     def step(self) -> dict | None:
@@ -194,10 +203,23 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
             self.steps += 1
             self.hooks.active = self.steps % self.every == 0
         if event is not None:
-            self.events.append(event)
-            if self.log:
-                (log.info if event["skipped"] else log.warning)(event["message"])
+            self._record(event)
         return event
+
+    def _record(self, event: dict) -> None:
+        """Keep and log an event; bounded, so a model that stays NaN does not flood memory or logs."""
+        key = "skipped" if event["skipped"] else "real"
+        self._counts[key] += 1
+        if len(self.events) < _MAX_EVENTS:
+            self.events.append(event)
+        if not self.log:
+            return
+        if event["skipped"]:
+            log.info(event["message"])
+        elif self._counts["real"] <= _MAX_LOGGED:
+            log.warning(event["message"])
+            if self._counts["real"] == _MAX_LOGGED:
+                log.warning("nanhunt: further non-finite steps are recorded in hunt.events but not logged")
 
     def _classify(self, rep: StepReport, index: int) -> dict | None:
         if rep.finite:
