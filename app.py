@@ -240,7 +240,7 @@ def _questionnaire_tab() -> None:
     regen.click(page_event(recipe.ui_render, 3), options, [regen_status, code, script], **FAST, **page("ui_recipe"))
     if "gpu" in by_key:
         detect.click(page_event(questionnaire.ui_detect, 2, status_index=1, clear=False), None,
-                     [by_key["gpu"], detected], **GPU_QUEUE, **page("ui_detect"))
+                     [by_key["gpu"], detected], **FAST, **page("ui_detect"))  # cached at startup
     if "log" in by_key and "symptoms" in by_key:
         explain_btn.click(page_event(questionnaire.ui_explain, 2, clear=False), [by_key["log"], by_key["symptoms"]],
                           [explanation, by_key["symptoms"]], **FAST, **page("ui_explain_log"))
@@ -267,7 +267,8 @@ def _api_endpoints() -> None:
         rules_json, rule_md = gr.Textbox(label="rules"), gr.Textbox(label="explanation")
         gr.Button("rules").click(api_event(api.rules), [rule_id], [rules_json, rule_md], api_name="rules", **FAST)
 
-        preset, yaml_text, device = gr.Textbox(label="preset"), gr.Textbox(label="yaml_text"), gr.Textbox(label="device")
+        preset, yaml_text = gr.Textbox(label="preset"), gr.Textbox(label="yaml_text")
+        device = gr.Textbox(label="device")
         spec_file = gr.File(label="spec_file", file_types=list(specinput.SPEC_KINDS))
         precisions, budget = gr.Textbox(label="precisions"), gr.Number(label="budget_s")
         compile_ = gr.Checkbox(label="compile")
@@ -276,7 +277,8 @@ def _api_endpoints() -> None:
                                    [preset, yaml_text, spec_file, device, precisions, budget, compile_],
                                    [result, png], api_name="speedup", **GPU_QUEUE)
 
-        weights_file, checks, steps = gr.File(label="weights_file"), gr.Textbox(label="checks"), gr.Number(label="steps")
+        weights_file = gr.File(label="weights_file")
+        checks, steps = gr.Textbox(label="checks"), gr.Number(label="steps")
         skip_png = gr.File(label="skiprate.png")
         gr.Button("check").click(api_event(check.api_check),
                                  [preset, yaml_text, spec_file, weights_file, device, checks, steps],

@@ -3,7 +3,6 @@ port: uploads, downloads, readable errors, and a fast call answered while a spee
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 

@@ -135,7 +135,8 @@ def nan_markdown(result: dict) -> str:
     section = result.get("nan")
     if not section:
         return "#### NaN/Inf localisation\n" + (_na(result, "nan") or "*not measured*")
-    lines = ["#### NaN/Inf localisation", "", "| precision | loss | first non-finite (forward) | first non-finite (backward) |",
+    lines = ["#### NaN/Inf localisation", "",
+             "| precision | loss | first non-finite (forward) | first non-finite (backward) |",
              "| --- | --- | --- | --- |"]
     for p, r in (section.get("precisions") or {}).items():
         loss = common.fmt_num(r.get("loss"), 4) + ("" if r.get("loss_finite", True) else " (NON-FINITE)")
@@ -150,7 +151,9 @@ def _where(entry) -> str:
     if isinstance(entry, dict):
         mod = entry.get("module")
         cls = entry.get("class")
-        what = entry.get("kind") or entry.get("what") or ("gradient of the loss" if entry.get("grad_of") == "loss" else "")
+        what = entry.get("kind") or entry.get("what") or ""
+        if not what and entry.get("grad_of") == "loss":
+            what = "gradient of the loss"
         step = f"at step {entry['step']}" if entry.get("step") is not None else None
         return " ".join(str(x) for x in (f"'{mod}'" if mod is not None else None, f"({cls})" if cls else None,
                                          what, step) if x)
@@ -184,7 +187,8 @@ def headroom_markdown(result: dict) -> str:
     rel = section.get("relative_error") or {}
     if rel:
         lines.append("Relative error vs fp32: " + ", ".join(
-            f"{p} output {common.fmt_num(v.get('output'))}, loss {common.fmt_num(v.get('loss'))}" for p, v in rel.items()))
+            f"{p} output {common.fmt_num(v.get('output'))}, loss {common.fmt_num(v.get('loss'))}"
+            for p, v in rel.items()))
     return "\n\n".join(x for x in lines if x) + "\n"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-import time
 from typing import Any, Callable
 
 ProgressFn = Callable[[float, str], Any]

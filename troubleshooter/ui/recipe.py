@@ -7,6 +7,7 @@ from ..errors import UserError
 from . import common
 
 FILENAME = "train_amp.py"
+_EXAMPLE = '{"precision": "bf16", "clip": 1.0}'
 
 
 def options_meta() -> list[dict]:
@@ -72,9 +73,9 @@ def parse_options(options) -> dict:
     try:
         value = json.loads(options)
     except ValueError as exc:
-        raise UserError(f"options must be a JSON object like {{\"precision\": \"bf16\", \"clip\": 1.0}}: {exc}") from None
+        raise UserError(f"options must be a JSON object like {_EXAMPLE}: {exc}") from None
     if not isinstance(value, dict):
-        raise UserError("options must be a JSON object like {\"precision\": \"bf16\", \"clip\": 1.0}")
+        raise UserError(f"options must be a JSON object like {_EXAMPLE}")
     return value
 
 

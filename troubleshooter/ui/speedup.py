@@ -80,7 +80,9 @@ def table_rows(result: dict) -> list[list]:
     for p, r in result.get("results", {}).items():
         vs = r.get("speedup_vs_fp32")
         loss, diff = r.get("final_loss"), r.get("loss_rel_diff_vs_fp32")
-        loss_text = "non-finite" if loss is None else f"{loss:.4g}" + (f" ({diff:.2%})" if diff is not None and p != "fp32" else "")
+        loss_text = "non-finite" if loss is None else f"{loss:.4g}"
+        if loss is not None and diff is not None and p != "fp32":
+            loss_text += f" ({diff:.2%})"
         notes = []
         if not r.get("native", True):
             notes.append("no native hardware: emulated/converted")
@@ -88,7 +90,8 @@ def table_rows(result: dict) -> list[list]:
             notes.append(f"{r['skipped_steps']} skipped warm-up step(s)")
         if r.get("peak_share") is not None:
             notes.append(f"{r['achieved_tflops']:.3g} TFLOP/s = {r['peak_share']:.0%} of peak")
-        rows.append([p, f"{r['median_ms']:.3f}", f"{r['iqr_ms']:.3f}", _rate(r.get("throughput"), r.get("throughput_unit", "")),
+        rows.append([p, f"{r['median_ms']:.3f}", f"{r['iqr_ms']:.3f}",
+                     _rate(r.get("throughput"), r.get("throughput_unit", "")),
                      _bytes(r.get("peak_memory_bytes")), f"{vs:.2f}x" if vs else "—", loss_text, "; ".join(notes)])
     for p, why in result.get("unavailable", {}).items():
         rows.append([p, "—", "—", "—", "—", "—", "—", f"unavailable: {why}"])
@@ -130,7 +133,8 @@ def ui_speedup(mode, preset, params, yaml_text, upload, device, precisions, budg
     """The Run button: (status, table rows, plot, verdict, JSON download)."""
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload)
     result = measure(source, device, precisions, budget_s, compile, progress=progress)
-    status = f"Measured **{result.get('spec', {}).get('name', 'model')}** in {', '.join(result.get('results', {})) or 'no precision'}."
+    name = result.get("spec", {}).get("name", "model")
+    status = f"Measured **{name}** in {', '.join(result.get('results', {})) or 'no precision'}."
     return status, table_rows(result), figure(result), verdict_markdown(result), _json_download(result)
 
 
