@@ -36,6 +36,9 @@ BF16_DTYPES = {"torch.bfloat16", "bfloat16", "bf16"}
 FP32_DTYPES = {"torch.float32", "torch.float", "float32", "fp32"}
 
 
+_SKLEARN_SCALER = re.compile(r"(standard|minmax|robust|maxabs)scaler$")
+
+
 def walk(node: ast.AST) -> list[ast.AST]:
     """All nodes under `node` (itself first), as a list: ~2x faster than `ast.walk`'s generator."""
     out = [node]
@@ -458,8 +461,14 @@ class FileModel:
     @property
     def any_scaler(self) -> bool:
         """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg)."""
-        return bool(self.scaler_ctor) or any(("scaler" in i or "scale_loss" in i or "loss_scale" in i)
-                                             for i in self.identifiers)
+        if self.scaler_ctor or self.scaler_method_keys:
+            return True
+        other = {k.lower() for k, vs in self.assigns.items() if any(
+            isinstance(v, ast.Call) and re.search(r"(Standard|MinMax|Robust|MaxAbs)Scaler$", func_tail(v) or "")
+            for v in vs)}  # sklearn feature scalers are not loss scaling
+        return any(("scaler" in i and i not in other and not _SKLEARN_SCALER.search(i)) or "scale_loss" in i
+                   or "loss_scale" in i
+                   for i in self.identifiers)
 
     # dtype / device / autocast ---------------------------------------------------------------
 

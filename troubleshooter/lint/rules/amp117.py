@@ -1,5 +1,6 @@
 """AMP117 unstable-op-under-autocast."""
 import ast
+import re
 
 from ..analysis import walk, tail, text
 from ._steps import training_regions
@@ -112,8 +113,17 @@ def _targets(m, call: ast.Call):
     if t is None:
         return []
     out = list(m.functions.get(t, [])) if t not in {"__init__"} else []
-    cls = m.instances.get(t) or (t if t in m.classes and False else None)
+    cls = m.instances.get(t)
     if cls in m.classes:
-        out += [d for d in m.classes[cls].body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and d.name == "forward"]
+        out += _forwards(m.classes[cls])
+    elif not out and _MODEL_NAME.search(t):  # model = build_model(): any local module may be it
+        for c in m.classes.values():
+            out += _forwards(c)
     return out
+
+
+_MODEL_NAME = re.compile(r"model|net$|^net|module|encoder|decoder|backbone", re.I)
+
+
+def _forwards(cls: ast.ClassDef) -> list:
+    return [d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == "forward"]
