@@ -46,13 +46,13 @@ def _fix(args: argparse.Namespace) -> int:
         if isinstance(item, LintError) or item.cell_map is not None:
             continue  # unreadable inputs are reported by the lint below; notebooks are not rewritten
         result = fix_text(item.text, path=path, select=args.select, ignore=args.ignore)
+        if path == "-" and args.fix:  # stdin --fix is a filter: the (possibly unchanged) text out
+            sys.stdout.write(result.fixed_text)
+            return 0
         if not result.applied:
             continue
         if args.diff:
             sys.stdout.write(result.diff)
-        elif path == "-":
-            sys.stdout.write(result.fixed_text)
-            return 0
         else:
             try:
                 with open(path, "w", encoding="utf-8") as fh:
