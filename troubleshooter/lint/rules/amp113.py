@@ -31,10 +31,15 @@ optimizer.zero_grad()
                 if e.via_call or not e.recv:
                     continue
                 by_key.setdefault(e.recv, {}).setdefault(e.kind, []).append(e)
+        # A scaler may travel under two names (`self.grad_scaler` here, a `scaler` argument there):
+        # only a file with no update (or no step) on any scaler at all is certainly wrong.
+        any_update = any(kinds.get(UPDATE) for kinds in by_key.values())
+        any_step = any(kinds.get(SCALER_STEP) for kinds in by_key.values())
         for key, kinds in by_key.items():
             if key in m.scaler_passed or not m.scaler_enabled(key):
                 continue
-            steps, updates = kinds.get(SCALER_STEP, []), kinds.get(UPDATE, [])
+            steps = kinds.get(SCALER_STEP, []) if not any_update else []
+            updates = kinds.get(UPDATE, []) if not any_step else []
             if steps and not updates:
                 e = steps[0]
                 yield Hit.at(e.node, f"`{key}.step()` is never followed by `{key}.update()`: the loss scale never "
