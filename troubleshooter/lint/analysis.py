@@ -432,9 +432,13 @@ class FileModel:
             inner = receiver(inner) if receiver(inner) is not None else (inner.args[0] if inner.args else None)
 
     def is_scaler(self, key: str | None) -> bool:
+        """Built by GradScaler(...), used with .scale()/.unscale_(), or a `*scaler*` name not built otherwise."""
         if not key:
             return False
-        return key in self.scaler_ctor or key in self.scaler_method_keys
+        if key in self.scaler_ctor or key in self.scaler_method_keys:
+            return True
+        return "scaler" in key.lower() and not _SKLEARN_SCALER.search(key.lower()) and not any(
+            isinstance(v, ast.Call) for v in self.assigns.get(key, []))
 
     def scaler_enabled(self, key: str | None) -> bool:
         """False only when every construction says enabled=False literally."""
