@@ -156,3 +156,14 @@ def test_python_api_contract():
         lint_text("x = 1\n", select="NOPE")
     assert explain_rule("AMP106").startswith("# AMP106 deprecated-amp-api (warning)")
     assert all(hasattr(r, "fix") and r.example_bad for r in all_rules())
+
+
+def test_fix_optimizer_step_and_unscaled_backward():
+    src = ("import torch\nscaler = torch.amp.GradScaler('cuda')\n\n\ndef a(model, x, opt):\n"
+           "    scaler.scale(model(x).sum()).backward()\n    opt.step()\n    scaler.update()\n\n\n"
+           "def b(model, x, opt):\n    loss = model(x).sum()\n    loss.backward()\n    scaler.step(opt)\n    scaler.update()\n")
+    result = fix_text(src)
+    assert sorted(f.rule for f in result.applied) == ["AMP115", "AMP116"]
+    assert "    scaler.step(opt)\n    scaler.update()\n\n\ndef b" in result.fixed_text
+    assert "    scaler.scale(loss).backward()\n" in result.fixed_text
+    assert lint_text(result.fixed_text).findings == []

@@ -6,7 +6,8 @@ Only rewrites whose meaning is certain are made:
   (the new signatures put the device first, so positional ones would shift meaning);
 - AMP101: insert `scaler.unscale_(optimizer)` on the line before the clip, with the script's names;
 - AMP113: insert `scaler.update()` after `scaler.step(...)`;
-- AMP115: `loss.backward()` -> `scaler.scale(loss).backward()`.
+- AMP115: `loss.backward()` -> `scaler.scale(loss).backward()`;
+- AMP116: `optimizer.step()` -> `scaler.step(optimizer)` when `scaler.update()` already follows.
 Anything else is left for the person; the result must still parse or nothing is changed.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .analysis import walk, DEPRECATED, FileModel, text as unparse
 from .engine import active_rules, char_col, lint_text
 from .rules.amp106 import guarded_ids
 
-FIXABLE = ("AMP101", "AMP106", "AMP113", "AMP115")
+FIXABLE = ("AMP101", "AMP106", "AMP113", "AMP115", "AMP116")
 _NEW_NAME = {"autocast": "torch.amp.autocast", "GradScaler": "torch.amp.GradScaler",
              "custom_fwd": "torch.amp.custom_fwd", "custom_bwd": "torch.amp.custom_bwd"}
 
@@ -182,6 +183,18 @@ class _Fixer:
         target = call.func.value
         start, end = self.src.span(target)
         return self._add(start, end, f"{scaler}.scale({self.src.text[start:end]})")
+
+    # AMP116 ---------------------------------------------------------------------------------
+
+    def fix_AMP116(self, hit) -> bool:
+        call = self._node(hit, ast.Call)
+        scaler = hit.data.get("scaler")
+        if call is None or not scaler or not hit.data.get("update_follows") or call.args or call.keywords \
+                or not isinstance(call.func, ast.Attribute) or call.func.attr != "step":
+            return False
+        start, end = self.src.span(call)
+        opt_start, opt_end = self.src.span(call.func.value)
+        return self._add(start, end, f"{scaler}.step({self.src.text[opt_start:opt_end]})")
 
     # AMP106 ---------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """AMP116 optimizer-step-bypasses-scaler."""
-from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, compatible, text
+from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, compatible, text
+from ._steps import scaler_key_for
 from .base import Hit, Rule
 
 
@@ -37,7 +38,9 @@ scaler.update()
                                                           and compatible(e, o) and e.loops == o.loops
                                                           for e in s.events):
                     continue
-                scaler = b.recv or "scaler"
+                scaler = scaler_key_for(s, m)
+                updated_after = any(e.kind == UPDATE and e.order > o.order and not e.via_call for e in s.events)
                 yield Hit.at(o.node, f"`{text(o.node.func)}()` steps on gradients still multiplied by the loss scale "
                                      f"(scaled backward on line {b.line})",
-                             f"use `{scaler}.step({text(o.node.func.value)})` then `{scaler}.update()`")
+                             f"use `{scaler}.step({text(o.node.func.value)})` then `{scaler}.update()`",
+                             scaler=scaler, update_follows=updated_after)
