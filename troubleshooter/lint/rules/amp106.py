@@ -6,6 +6,7 @@ from ..analysis import walk, DEPRECATED, text
 from .base import Hit, Rule
 
 _GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
+_OLD_NAMES = {q.rsplit(".", 1)[1] for q in DEPRECATED}
 _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 
 
@@ -63,7 +64,7 @@ with torch.amp.autocast("cuda"):
                     new = ", ".join(DEPRECATED[q] for q in old)
                     yield Hit.at(node, f"deprecated import of {', '.join('`' + q + '`' for q in old)}",
                                  f"import from `torch.amp` and pass the device: {new}", qual=old)
-            elif isinstance(node, ast.Attribute):
+            elif isinstance(node, ast.Attribute) and node.attr in _OLD_NAMES:
                 q = m.names.qual(node)
                 if q in DEPRECATED:
                     alias = "" if text(node) == q else f" (it resolves to `{q}`)"

@@ -56,7 +56,7 @@ scaler.update()
                     continue
                 f = _factor(e.arg)
                 if f is None and isinstance(e.arg, ast.Name):
-                    f = self._assigned_factor(m.subtree(s.node), e.arg.id, e.line)
+                    f = self._assigned_factor(_assignments(m, s).get(e.arg.id, []), e.arg.id, e.line)
                 if f is not None:
                     yield Hit.at(e.node, f"loss is multiplied by a fixed `{ast.unparse(f)}` before backward "
                                          "(manual loss scaling)")
@@ -74,3 +74,20 @@ scaler.update()
                     and n.target.id == name and _is_scale(n.value):
                 return n.value
         return None
+
+
+def _assignments(m, scope) -> dict:
+    """name -> its Assign/AugAssign nodes in the scope, indexed once per scope."""
+    cache = m.__dict__.setdefault("_assign_index", {})
+    key = id(scope.node)
+    if key not in cache:
+        index: dict = {}
+        for n in m.subtree(scope.node):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        index.setdefault(t.id, []).append(n)
+            elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+                index.setdefault(n.target.id, []).append(n)
+        cache[key] = index
+    return cache[key]

@@ -8,6 +8,8 @@ from .base import Hit, Rule
 
 _BN_MODELS = re.compile(r"^torchvision\.models\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|"
                         r"inception|googlenet|mnasnet|shufflenet|vgg\d+_bn)")
+_MODEL_PREFIXES = ("resnet", "resnext", "wide_resnet", "densenet", "mobilenet", "efficientnet", "regnet",
+                   "inception", "googlenet", "mnasnet", "shufflenet", "vgg")
 _BN = re.compile(r"^(Sync)?BatchNorm(\d d)?$|^BatchNorm[123]d$|^SyncBatchNorm$")
 
 
@@ -38,7 +40,10 @@ with torch.autocast("cuda", dtype=torch.bfloat16):  # or keep BN in float32
         for n in m.nodes:
             if not isinstance(n, ast.Call):
                 continue
-            if _BN.match(tail(n.func) or ""):
+            t = tail(n.func) or ""
+            if "Norm" not in t and not t.startswith(_MODEL_PREFIXES):
+                continue
+            if _BN.match(t):
                 yield Hit.at(n, f"`{tail(n.func)}` is trained under float16 autocast")
             elif _BN_MODELS.match(m.names.qual(n.func) or ""):
                 yield Hit.at(n, f"`{tail(n.func)}` (BatchNorm inside) is trained under float16 autocast")
