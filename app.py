@@ -173,7 +173,7 @@ def _check_tab() -> None:
 
 def _question_control(q: dict):
     """One control per question of data/questions.yaml, by its type."""
-    kind, label, key = questionnaire.control_kind(q), q.get("prompt", q["key"]), f"q-{q['key']}"
+    kind, label, key = questionnaire.control_kind(q), questionnaire.label(q), f"q-{q['key']}"
     default = q.get("default")
     if kind == "choice":
         return gr.Radio(questionnaire.choice_labels(q), value=default, label=label, elem_id=key)

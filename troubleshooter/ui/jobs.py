@@ -74,6 +74,11 @@ def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn |
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
 
+    if progress is not None:
+        try:
+            progress(0.0, "starting a worker process (it loads PyTorch and builds the model)")
+        except Exception:
+            pass
     thread = threading.Thread(target=target, name=f"job-{getattr(func, '__name__', 'job')}", daemon=True)
     thread.start()
     seen = None

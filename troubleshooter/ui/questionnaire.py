@@ -6,6 +6,7 @@ so the page shows exactly what `ask` asks; this module maps them to controls and
 from __future__ import annotations
 
 import json
+import re
 
 from ..errors import UserError
 from . import common, recipe
@@ -36,6 +37,14 @@ def control_kind(q: dict) -> str:
     if kind == "bool" and q.get("default") is None:
         return "tristate"  # yes / no / don't know: "not answered" must stay possible
     return kind
+
+
+_CLI_HINTS = re.compile(r"\s*\((?:[^()]*comma-separated|[^()]*empty line|empty:)[^()]*\)")
+
+
+def label(q: dict) -> str:
+    """The question's prompt without hints meant for the terminal (how to type a list or end a log)."""
+    return _CLI_HINTS.sub("", str(q.get("prompt") or q["key"])).strip()
 
 
 def choice_labels(q: dict) -> list[tuple[str, str]]:
