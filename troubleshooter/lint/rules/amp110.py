@@ -74,11 +74,18 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         scalers = [k for k in m.scaler_ctor if m.scaler_enabled(k)] or sorted(m.scaler_method_keys)
         if not scalers:
             return
+        saves = []
         for s in m.scopes:
             for e in s.of(SAVE):
                 contents = checkpoint_contents(m, s, e.arg)
-                if contents is None:
-                    continue
+                if contents is None and isinstance(e.arg, ast.Call) and tail(e.arg.func) == "state_dict":
+                    contents = ([], [e.arg])  # torch.save(optimizer.state_dict(), "opt.pt")
+                if contents is not None:
+                    saves.append((e, contents))
+        if any(any(m.is_scaler(o) for o in state_owners(values)) for _, (_, values) in saves):
+            return  # the scaler state is saved somewhere (maybe in its own file)
+        for e, contents in saves:
+            if True:
                 keys, values = contents
                 owners = state_owners(values)
                 has_opt = any(m.is_optimizer(o) for o in owners) or any("optim" in k.lower() for k in keys)
