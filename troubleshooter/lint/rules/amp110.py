@@ -85,16 +85,15 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         if any(any(m.is_scaler(o) for o in state_owners(values)) for _, (_, values) in saves):
             return  # the scaler state is saved somewhere (maybe in its own file)
         for e, contents in saves:
-            if True:
-                keys, values = contents
-                owners = state_owners(values)
-                has_opt = any(m.is_optimizer(o) for o in owners) or any("optim" in k.lower() for k in keys)
-                has_scaler = any(m.is_scaler(o) or "scaler" in o.lower() for o in owners) or \
-                    any("scaler" in k.lower() or "amp" in k.lower() for k in keys) or \
-                    any(any("scaler" in n.lower() for n in _names(v)) for v in values)
-                if has_opt and not has_scaler:
-                    yield Hit.at(e.node, "checkpoint saves optimizer state but not the GradScaler state",
-                                 f'add `"scaler": {scalers[0]}.state_dict()` to the checkpoint')
+            keys, values = contents
+            owners = state_owners(values)
+            has_opt = any(m.is_optimizer(o) for o in owners) or any("optim" in k.lower() for k in keys)
+            has_scaler = any(m.is_scaler(o) or "scaler" in o.lower() for o in owners) or \
+                any("scaler" in k.lower() or "amp" in k.lower() for k in keys) or \
+                any(any("scaler" in n.lower() for n in _names(v)) for v in values)
+            if has_opt and not has_scaler:
+                yield Hit.at(e.node, "checkpoint saves optimizer state but not the GradScaler state",
+                             f'add `"scaler": {scalers[0]}.state_dict()` to the checkpoint')
 
 
 def _names(node):
