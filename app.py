@@ -22,7 +22,7 @@ if not _WORKER:
     import gradio as gr
 
     from troubleshooter.ui import api, check, diagnose, host, questionnaire, recipe, specinput, speedup
-    from troubleshooter.ui.glue import api_event, page_event
+    from troubleshooter.ui.glue import api_event, page_event, selected_row
     from troubleshooter.ui.server import SETTINGS
 
 GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
@@ -56,7 +56,7 @@ def _diagnose_tab() -> None:
             with gr.Row():
                 md_file = gr.File(label="Report (Markdown)", interactive=False, elem_id="lint-md")
                 json_file = gr.File(label="Report (JSON)", interactive=False, elem_id="lint-json")
-            with gr.Accordion("Explain a rule", open=True):
+            with gr.Accordion("Explain a rule (or click a finding)", open=True):
                 rule = gr.Dropdown(choices=_safe(diagnose.rule_choices, []), label="Rule",
                                    value=None, elem_id="lint-rule")
                 explanation = gr.Markdown(elem_id="lint-explanation")
@@ -70,6 +70,7 @@ def _diagnose_tab() -> None:
 
     outputs = [status, table, md_file, json_file, rule, fixed_note, fixed_code, diff, fixed_file, diff_file]
     run.click(page_event(diagnose.ui_lint, len(outputs)), [code, upload], outputs, **FAST, **page("ui_lint"))
+    table.select(selected_row(diagnose.rule_of_row), None, [rule], **FAST, **page("ui_pick_rule"))
     rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation],
                 **FAST, **page("ui_explain_rule"))
 

@@ -275,3 +275,10 @@ def test_python_model_file_runs_only_with_allow_exec_and_in_a_child(tmp_path, mo
     result = check.run(source, "cpu", ["alignment"], 1)
     dims = {(r["module"], r["dimension"]): r for r in result["alignment"]}
     assert dims[("0", "out_features")]["padded"] == 16  # 12 -> 16: measured on the user's model
+
+
+def test_a_findings_row_names_its_rule():
+    from troubleshooter.ui import diagnose
+
+    assert diagnose.rule_of_row(["ERROR", "AMP101 clip-before-unscale", "13", "x", "m", "f"]) == "AMP101"
+    assert diagnose.rule_of_row(["", "", "", "", "", ""]) is None and diagnose.rule_of_row(None) is None

@@ -107,6 +107,8 @@ def test_diagnose_an_uploaded_script(page, tmp_path):
     expect(table).to_contain_text("clip_grad_norm_(model.parameters(), 1.0)")  # the offending line
     expect(page.locator("#lint-status")).to_contain_text(re.compile(r"\d+ errors?, \d+ warnings?"))
     expect(page.locator("#lint-explanation")).to_contain_text("Why it matters")
+    table.get_by_text("AMP106 deprecated-amp-api").first.click()  # a finding's row explains its rule
+    expect(page.locator("#lint-explanation")).to_contain_text("AMP106")
     with page.expect_download() as dl:
         page.locator("#lint-md a").first.click()
     saved = ARTIFACTS / "report.md"

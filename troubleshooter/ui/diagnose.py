@@ -143,6 +143,14 @@ def summary_line(findings: list[Finding], errors: list, name: str) -> str:
     return text
 
 
+def rule_of_row(row) -> str | None:
+    """The rule id in a findings-table row (its `rule` column reads `AMP101 clip-before-unscale`)."""
+    if not row or len(row) < 2:
+        return None
+    head = str(row[1]).split()
+    return head[0] if head and head[0].upper().startswith("AMP") else None
+
+
 def rule_choices() -> list[tuple[str, str]]:
     return [(f"{r.id} {r.name}", r.id) for r in _lint().all_rules()]
 

@@ -68,6 +68,17 @@ def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool 
     return wrapper
 
 
+def selected_row(fn: Callable) -> Callable:
+    """A table's select event -> `fn(row values)`; on no usable row, leave the output as it is."""
+
+    def wrapper(evt: gr.SelectData):
+        value = fn(getattr(evt, "row_value", None))
+        return gr.skip() if value is None else value
+
+    wrapper.__name__ = getattr(fn, "__name__", "select")
+    return wrapper
+
+
 def as_json_text(value):
     """dict/list -> JSON text. gradio_client treats any dict with a string "path" key in a
     result as a file to download (lint findings have one), so data travels as JSON text."""
