@@ -242,3 +242,28 @@ def test_ignored_modules_are_not_hooked():
     with nanhunt(model, ignore=["mask*"], log=False) as hunt:
         model(x).sum().backward()
         assert hunt.step() is None
+
+
+def test_odd_tensors_do_not_break_training():
+    class Odd(nn.Module):  # float8, complex, sparse, integer and empty tensors in and out
+        def forward(self, x):
+            f8 = x.to(torch.float8_e4m3fn)
+            return x * 2, f8, torch.complex(x, x), x.to_sparse(), x.long(), x[:0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.odd = Odd()
+            self.lin = nn.Linear(8, 2)
+
+        def forward(self, x):
+            y, f8, c, sp, i, e = self.odd(x)
+            return self.lin(y + f8.float() + c.real)
+
+    model = Net()
+    with nanhunt(model, log=False) as hunt:
+        model(torch.randn(4, 8)).sum().backward()
+        assert hunt.step() is None
+        model.odd.forward = lambda x: (x * float("nan"),) + Odd.forward(model.odd, x)[1:]
+        model(torch.randn(4, 8)).sum().backward()
+        assert hunt.step()["forward"]["module"] == "odd"

@@ -45,9 +45,13 @@ def _zero(device: torch.device) -> torch.Tensor:
     return z
 
 
+_NATIVE = {torch.float32, torch.float16, torch.bfloat16, torch.float64}  # aminmax works as is
+
+
 def _measurable(t: torch.Tensor) -> bool:
-    """Floating or complex and not empty: the tensors that can hold NaN/Inf."""
-    return (t.is_floating_point() or t.is_complex()) and t.numel() > 0
+    """Dense, floating or complex, not empty, with data: the tensors that can hold NaN/Inf."""
+    return ((t.is_floating_point() or t.is_complex()) and t.layout == torch.strided
+            and t.numel() > 0 and not t.is_meta)
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -210,8 +214,8 @@ class HookSet:
     def _reduce(self, step: _Step, t: torch.Tensor, measure: bool = True) -> int:
         if measure:
             d = t.detach()
-            if d.is_complex():
-                d = d.abs()
+            if d.dtype not in _NATIVE:  # complex: magnitude; float8 and the like: widen first
+                d = d.abs() if d.is_complex() else d.float()
             lo, hi = torch.aminmax(d)
         else:  # forward=False: module inputs/outputs only need a slot (who consumed what)
             lo = hi = _zero(t.device)
@@ -290,7 +294,7 @@ class HookSet:
         return None
 
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
-        if not (self._live and grad is not None and grad.numel()):
+        if not (self._live and grad is not None and _measurable(grad)):
             return
         consumers = step.consumers.get(slot)
         if consumers and all(c.module in self._transparent and c.module not in self._passes_grads
@@ -322,7 +326,7 @@ class HookSet:
             self._out_grad(step, call, slot, grad_outputs[nr])
 
     def _param_grad(self, pidx: int, grad: torch.Tensor) -> None:
-        if self._live and self.active and grad is not None and grad.numel():
+        if self._live and self.active and grad is not None and _measurable(grad):
             step = self._step
             step.grads.append(("param", pidx, self._reduce(step, grad)))
 
