@@ -114,10 +114,16 @@ def test_capability_and_inspect(client, tmp_path):
         client.predict(checkpoint=handle_file(str(text)), api_name="/inspect")
 
 
-def test_check_a_preset_and_bad_specs(client):
-    result, png = client.predict(preset=TINY_MLP, yaml_text="", spec_file=None, weights_file=None,
+def test_check_an_uploaded_spec_and_bad_specs(client, tmp_path):
+    from gradio_client import handle_file
+
+    spec = tmp_path / "my_spec.yaml"
+    spec.write_text((FIXTURES / "check" / "misaligned.yaml").read_text())
+    result, png = client.predict(preset="", yaml_text="", spec_file=handle_file(str(spec)), weights_file=None,
                                  device="cpu", checks="alignment,skiprate", steps=4, api_name="/check")
-    assert result["alignment"] and result["skiprate"]["summary"]["steps"] == 4
+    assert any(not r["aligned"] for r in result["alignment"])
+    assert "AMP201" in {f["rule"] for f in result["findings"]}
+    assert result["skiprate"]["summary"]["steps"] == 4
     assert result["skipped"].keys() == {"capability", "nan", "headroom"}
     if png is not None:
         assert Path(png).read_bytes()[:4] == b"\x89PNG"
