@@ -125,3 +125,37 @@ def test_bad_precision_is_a_user_error():
 
     with pytest.raises(UserError):
         hunt_nonfinite(workload(lambda: nn.Linear(16, 4)), "cpu", precisions=("fp8",))
+
+
+SPEC = """
+model:
+  layers:
+    - Linear: [32, 64]
+    - ReLU
+    - Linear: [64, 64]
+    - {act}
+    - Linear: [64, 10]
+{weights}
+input: {{shape: [16, 32]}}
+target: {{kind: classes, num_classes: 10}}
+loss: cross_entropy
+"""
+
+
+def test_yaml_specs_through_the_spec_loader(tmp_path):
+    """The way the check is driven: a YAML layer stack, a weights file, module paths 0, 1, 2..."""
+    from troubleshooter.spec import SpecSource, load_workload
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    with torch.no_grad():
+        model[2].weight.mul_(1e5)  # layer '2' overflows float16 only
+    torch.save(model.state_dict(), tmp_path / "big.pt")
+
+    def run(act, weights=""):
+        text = SPEC.format(act=act, weights=weights)
+        return by_rule(hunt_nonfinite(load_workload(SpecSource.yaml_text(text, base_dir=tmp_path)), "cpu"))
+
+    assert run("ReLU") == []
+    assert run("ReLU", "weights: big.pt") == [("AMP202", "2", "fp16")]
+    assert run("Threshold: [0.0, .nan]") == [("AMP205", "3", p) for p in ("bf16", "fp16", "fp32")]
