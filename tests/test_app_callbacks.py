@@ -282,3 +282,23 @@ def test_a_findings_row_names_its_rule():
 
     assert diagnose.rule_of_row(["ERROR", "AMP101 clip-before-unscale", "13", "x", "m", "f"]) == "AMP101"
     assert diagnose.rule_of_row(["", "", "", "", "", ""]) is None and diagnose.rule_of_row(None) is None
+
+
+def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
+    import torch
+    from torch import nn
+
+    from troubleshooter.errors import SpecError
+    from troubleshooter.ui import specinput
+
+    text = ("name: with-weights\nmodel:\n  layers:\n    - Linear: [8, 16]\n    - ReLU\n    - Linear: [16, 4]\n"
+            "weights: trained.pt\ninput: {shape: [4, 8]}\ntarget: {kind: classes, num_classes: 4}\n")
+    good = tmp_path / "trained.pt"
+    torch.save(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).state_dict(), good)
+    source = specinput.source_from_inputs("YAML", "", "", text, None, str(good))
+    specinput.validate(source)  # loads the uploaded weights: no error
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    torch.save(nn.Sequential(nn.Linear(8, 15)).state_dict(), bad_dir / "trained.pt")
+    with pytest.raises(SpecError, match="trained.pt"):
+        specinput.validate(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
