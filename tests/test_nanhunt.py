@@ -111,6 +111,10 @@ def test_loss_only_nonfinite_and_failing_precision_do_not_crash():
     build = lambda: nn.Sequential(nn.Linear(16, 4))  # noqa: E731
     r = hunt_nonfinite(workload(build, loss_weight=float("inf")), "cpu", precisions=("fp32",))
     assert by_rule(r) == [("AMP205", None, "fp32")]
+    # finite loss, but x1e8 its gradient w.r.t. the float16 model output overflows
+    r = hunt_nonfinite(workload(build, loss_weight=1e8), "cpu")
+    assert by_rule(r) == [("AMP206", "0", "fp16")]
+    assert r["precisions"]["fp16"]["first_backward"]["grad_of"] == "loss"
 
     class Broken(nn.Linear):
         def forward(self, x):

@@ -411,11 +411,11 @@ class HookSet:
                 return {**info, **base}, False
             call, out_slot = ref
             culprit, grad_of, candidates = self._backward_culprit(step, call, out_slot)
-            if culprit is None:
-                return {"module": None, "class": None, "dtype": None, "grad_of": "loss",
-                        "created": True, "grad_output_max_abs": [], "note":
-                        "the gradient of the loss with respect to the model's output is already non-finite",
-                        **base}, True
+            if culprit is None:  # the loss's own gradient: name the module that made the output
+                info = self._describe(call)
+                info.update({"grad_of": "loss", "created": True, "grad_output_max_abs": [], "note":
+                             "the gradient of the loss with respect to the model's output is already non-finite"})
+                return {**info, **base}, True
             info = self._describe(culprit)
             info.update({"grad_of": grad_of, "created": True,
                          "grad_output_max_abs": [number(v) for v in seen_out.get(culprit.order, [])],

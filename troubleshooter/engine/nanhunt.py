@@ -65,7 +65,7 @@ def _describe_forward(d: dict) -> str:
 def _describe_backward(d: dict) -> str:
     kind = d["kind"]
     if d.get("grad_of") == "loss":
-        return f"backward: the loss's gradient is {kind}"
+        return f"backward: the loss's gradient w.r.t. the model output, made by {_where(d)}, is {kind}"
     if d.get("grad_of") == "parameter":
         return f"backward: the gradient of parameter '{d['parameter']}' of {_where(d)} is {kind}"
     outs = d.get("grad_output_max_abs") or []
@@ -460,19 +460,23 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
 def _backward_finding(p: str, s: dict, fb: dict) -> Finding:
     where = _where(fb)
     what = {"parameter": f"the gradient of its parameter '{fb.get('parameter')}'",
-            "loss": "its gradient w.r.t. the model's output",
+            "loss": "the loss's gradient w.r.t. its output (the model output)",
             "forward code": "the gradient its forward() code passes to a submodule"}.get(
         fb.get("grad_of"), "the gradient w.r.t. its input")
     unscaled = " without loss scaling" if p == "fp16" else ""
     data = {"first_backward": fb}
     if s.get("scaled_backward") is not None:
         data["scaled_backward"] = s["scaled_backward"]
+    if fb.get("grad_of") == "loss":
+        suggestion = ("The loss (with its weight) is too large for these gradients: lower the loss weight or "
+                      "normalise the loss" + ("; in fp16 prefer bf16, whose range is float32's." if p == "fp16" else "."))
+    else:
+        suggestion = ("Look for operations whose derivative blows up at the values seen (sqrt or pow at 0, log "
+                      "near 0, division by small numbers, large weights); add eps/clamping there"
+                      + ("; in fp16 prefer bf16 or keep this module in float32." if p == "fp16" else "."))
     return Finding(
         "AMP206", "nonfinite-in-backward", Severity.ERROR,
         f"{where}: {what} is {fb['kind']} in the backward pass in {p}{unscaled}, although the forward "
         "pass is finite",
-        "Look for operations whose derivative blows up at the values seen (sqrt or pow at 0, log near 0, "
-        "division by small numbers, large weights); add eps/clamping there"
-        + ("; in fp16 prefer bf16 or keep this module in float32." if p == "fp16" else "."),
-        Location(module=fb.get("module")), p, data,
+        suggestion, Location(module=fb.get("module")), p, data,
     )
