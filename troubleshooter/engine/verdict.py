@@ -68,7 +68,12 @@ def _how_to_use(precision: str) -> str:
 
 
 def _recommendation(level: str, best: str, speedup: float) -> str:
-    faster = f"{speedup:.2f}x faster than fp32" if speedup >= 1 else f"{1 / speedup:.2f}x slower than fp32"
+    if round(speedup, 2) == 1.0 or round(1 / speedup, 2) == 1.0:
+        faster = "as fast as fp32 (within 1%)"
+    elif speedup > 1:
+        faster = f"{speedup:.2f}x faster than fp32"
+    else:
+        faster = f"{1 / speedup:.2f}x slower than fp32"
     if level == "stay_fp32":
         only = "only " if speedup >= 1 else ""
         return f"stay in fp32: the best alternative, {best}, is {only}{faster} here"
