@@ -25,7 +25,14 @@ if not _WORKER:
     from troubleshooter.ui.glue import api_event, page_event, selected_row
     from troubleshooter.ui.server import SETTINGS
 
-GPU_QUEUE = dict(concurrency_id="gpu", concurrency_limit=1)  # one probe at a time on this host
+
+
+def gpu_queue() -> dict:
+    """Check, speedup and device probes share one queue slot per GPU on this host (one on a
+    CPU-only host); `jobs.device_lock` keeps two of them off the same device."""
+    return dict(concurrency_id="gpu", concurrency_limit=host.gpu_slots())
+
+
 FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and concurrent
 
 
@@ -131,7 +138,7 @@ def _speedup_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     outputs = [status, table, plot, verdict, json_file]
     run.click(page_event(speedup.ui_speedup, len(outputs)), [*model, device, precisions, budget, compile_],
-              outputs, **GPU_QUEUE, **page("ui_speedup"))
+              outputs, **gpu_queue(), **page("ui_speedup"))
 
 
 def _check_tab() -> None:
@@ -167,7 +174,7 @@ def _check_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="check-json")
     outputs = [status, capability, findings, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
     run.click(page_event(check.ui_check, len(outputs)), [*model, device, checks, steps], outputs,
-              **GPU_QUEUE, **page("ui_check"))
+              **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))
 
@@ -276,14 +283,14 @@ def _api_endpoints() -> None:
         result, png = gr.Textbox(label="result"), gr.File(label="plot.png")
         gr.Button("speedup").click(api_event(speedup.api_speedup),
                                    [preset, yaml_text, spec_file, device, precisions, budget, compile_],
-                                   [result, png], api_name="speedup", **GPU_QUEUE)
+                                   [result, png], api_name="speedup", **gpu_queue())
 
         weights_file = gr.File(label="weights_file")
         checks, steps = gr.Textbox(label="checks"), gr.Number(label="steps")
         skip_png = gr.File(label="skiprate.png")
         gr.Button("check").click(api_event(check.api_check),
                                  [preset, yaml_text, spec_file, weights_file, device, checks, steps],
-                                 [result, skip_png], api_name="check", **GPU_QUEUE)
+                                 [result, skip_png], api_name="check", **gpu_queue())
         ckpt, ckpt_report = gr.File(label="checkpoint"), gr.Textbox(label="report")
         gr.Button("inspect").click(api_event(check.inspect_upload), [ckpt], [ckpt_report], api_name="inspect", **FAST)
         answers, decision, loop = gr.Textbox(label="answers"), gr.Textbox(label="decision"), gr.Textbox(label="code")
@@ -298,7 +305,7 @@ def _api_endpoints() -> None:
                                   api_name="recipe", **FAST)
         cap = gr.Textbox(label="capability")
         gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
-                                      **GPU_QUEUE)
+                                      **gpu_queue())
 
 
 def build_demo() -> gr.Blocks:

@@ -302,3 +302,29 @@ def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
     torch.save(nn.Sequential(nn.Linear(8, 15)).state_dict(), bad_dir / "trained.pt")
     with pytest.raises(SpecError, match="trained.pt"):
         specinput.validate(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
+
+
+def test_one_job_per_device(monkeypatch):
+    """Jobs on the same device wait for each other; `auto` is the first GPU, else the CPU."""
+    import threading
+
+    from troubleshooter.ui import host
+
+    monkeypatch.setattr(host, "host_info", lambda: {"devices": ["auto", "cpu", "cuda:0", "cuda:1"]})
+    assert host.gpu_slots() == 2
+    assert host.device_key("auto") == "cuda:0" and host.device_key("cuda") == "cuda:0"
+    assert host.device_key("cuda:1") == "cuda:1"
+    order = []
+
+    def job(name, progress=None):
+        order.append(f"{name} start")
+        time.sleep(0.2)
+        order.append(f"{name} end")
+
+    threads = [threading.Thread(target=jobs.run_job, args=(job, n), kwargs=dict(
+        timeout_s=5, in_worker=False, device_key="cuda:0")) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order in (["a start", "a end", "b start", "b end"], ["b start", "b end", "a start", "a end"])

@@ -54,8 +54,9 @@ def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=Non
         if progress:
             progress(0.0, "running the uploaded model file in its own process")
         return jobs.run_job(check_source, source, allow_exec=SETTINGS.allow_exec, in_worker=False,
-                            timeout_s=timeout, **kwargs)
-    return jobs.run_job(check_source, source, timeout_s=timeout, progress=progress, **kwargs)
+                            timeout_s=timeout, device_key=host.device_key(device), **kwargs)
+    return jobs.run_job(check_source, source, timeout_s=timeout, progress=progress,
+                        device_key=host.device_key(device), **kwargs)
 
 
 # ---------------------------------------------------------------- rendering
@@ -270,7 +271,8 @@ def _capability_cached(device: str) -> dict:
         cached = host.host_info().get("capability")
         if cached:
             return cached
-    return jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120)
+    return jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120,
+                        device_key=host.device_key(device))
 
 
 def capability(device: str = "auto") -> dict:

@@ -64,6 +64,22 @@ def device_choices() -> list[tuple[str, str]]:
     return out
 
 
+def gpu_slots() -> int:
+    """How many GPU-bound jobs may run at once: one per accelerator (at least one)."""
+    return max(1, sum(1 for d in host_info()["devices"] if d not in ("auto", "cpu")))
+
+
+def device_key(device: str | None) -> str:
+    """The physical device a job will use: `auto` and `cuda` name the first GPU (or the CPU)."""
+    device = (device or "auto").strip() or "auto"
+    gpus = [d for d in host_info()["devices"] if d not in ("auto", "cpu")]
+    if device == "auto":
+        return gpus[0] if gpus else "cpu"
+    if device == "cuda":
+        return next((d for d in gpus if d.startswith("cuda:")), "cuda:0")
+    return device
+
+
 def validate_device(device: str | None) -> str:
     """`device` if this host has it (answered here, before a worker starts), else UserError."""
     device = (device or "auto").strip() or "auto"

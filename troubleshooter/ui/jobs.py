@@ -51,14 +51,29 @@ def _last_progress(path: str) -> tuple[float, str] | None:
     return None
 
 
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def device_lock(key: str) -> threading.Lock:
+    """One lock per physical device: the queue admits one GPU job per accelerator, and this
+    keeps two of them from landing on the same one."""
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
 def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn | None = None,
-            in_worker: bool = True, poll_s: float = 0.25, **kwargs: Any) -> Any:
+            in_worker: bool = True, poll_s: float = 0.25, device_key: str | None = None, **kwargs: Any) -> Any:
     """Run `func(*args, progress=..., **kwargs)`; in a spawned worker unless `in_worker=False`.
 
     `in_worker=False` is for callers whose library call already isolates itself (an opted-in
     Python model file runs in its own child via `spec.run_with_workload`; the worker's child
     is a daemon and may not start another).
     """
+    if device_key is not None:
+        with device_lock(device_key):
+            return run_job(func, *args, timeout_s=timeout_s, progress=progress, in_worker=in_worker,
+                           poll_s=poll_s, **kwargs)
     if not in_worker:
         return func(*args, progress=progress, **kwargs)
     from ..worker import run_in_worker

@@ -52,8 +52,9 @@ def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float
         if progress:
             progress(0.0, "running the uploaded model file in its own process")
         return jobs.run_job(speedup_source, source, allow_exec=SETTINGS.allow_exec, in_worker=False,
-                            timeout_s=timeout, **kwargs)
-    return jobs.run_job(speedup_source, source, timeout_s=timeout, progress=progress, **kwargs)
+                            timeout_s=timeout, device_key=host.device_key(device), **kwargs)
+    return jobs.run_job(speedup_source, source, timeout_s=timeout, progress=progress,
+                        device_key=host.device_key(device), **kwargs)
 
 
 def _bytes(n) -> str:
