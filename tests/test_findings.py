@@ -49,3 +49,13 @@ def test_location_describe():
     assert Location(path="t.py", line=3, column=1).describe() == "t.py:3:1"
     assert Location(path="n.ipynb", cell=2, line=4).describe() == "n.ipynb [cell 2] 4"
     assert Location(module="0").describe() == "module '0'"
+
+
+def test_text_line_and_format_bytes():
+    from troubleshooter.units import format_bytes
+
+    assert _f("warning").text_line() == "warning AMP101 clip-before-unscale: clipped scaled grads -> unscale first"
+    assert format_bytes(None) == "n/a" and format_bytes(None, "—") == "—"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 1024**3) == "3.0 GiB"

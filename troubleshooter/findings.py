@@ -87,6 +87,10 @@ class Finding:
             "data": self.data,
         }
 
+    def text_line(self) -> str:
+        """One line for terminal reports: `warning AMP207 bf16-unsupported: message -> fix`."""
+        return f"{self.severity.value} {self.rule} {self.name}: {self.message} -> {self.suggestion}"
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         return cls(

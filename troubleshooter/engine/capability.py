@@ -110,8 +110,7 @@ class CapabilityReport:
         for note in self.notes:
             lines.append(f"  note: {note}")
         for finding in self.findings:
-            lines.append(f"  {finding.severity.value} {finding.rule} {finding.name}: {finding.message} "
-                         f"-> {finding.suggestion}")
+            lines.append(f"  {finding.text_line()}")
         return "\n".join(lines) + "\n"
 
 

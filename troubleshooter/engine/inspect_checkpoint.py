@@ -20,6 +20,7 @@ import torch
 
 from ..errors import UserError
 from ..findings import Finding, Location, Severity
+from ..units import format_bytes
 
 HALF = (torch.float16, torch.bfloat16)
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "module",
@@ -44,7 +45,7 @@ class InspectReport:
 
     def to_text(self) -> str:
         f = self.facts
-        lines = [f"{self.path}: {f['layout'].replace('_', ' ')} ({_size(f['size_bytes'])})"]
+        lines = [f"{self.path}: {f['layout'].replace('_', ' ')} ({format_bytes(f['size_bytes'])})"]
         if f.get("top_level_keys"):
             lines.append(f"  keys: {', '.join(f['top_level_keys'])}")
         for m in f["models"]:
@@ -73,17 +74,8 @@ class InspectReport:
         for note in self.notes:
             lines.append(f"  note: {note}")
         for finding in self.findings:
-            lines.append(f"  {finding.severity.value} {finding.rule} {finding.name}: {finding.message} "
-                         f"-> {finding.suggestion}")
+            lines.append(f"  {finding.text_line()}")
         return "\n".join(lines) + "\n"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _dtypes_text(d: dict) -> str:

@@ -21,6 +21,7 @@ import torch
 from .. import hardware
 from ..errors import UserError
 from ..workload import Workload
+from ..units import format_bytes
 from . import cpu_features
 from . import precision as prec
 from .timing import StepTimer, summarize
@@ -552,16 +553,6 @@ def _native(p: str, info: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------- text for people
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _rate(x: float | None) -> str:
     if x is None:
         return "n/a"
@@ -596,7 +587,7 @@ def format_text(result: dict[str, Any]) -> str:
     for p, r in results.items():
         vs = f"{r['speedup_vs_fp32']:.2f}x" if r.get("speedup_vs_fp32") else "n/a"
         row = (f"{p + ('' if r.get('native', True) else '*'):<10}{r['median_ms']:>11.3f}{r['iqr_ms']:>9.3f}"
-               f"{r['spread']:>8.1%}{_rate(r['throughput']):>12}{_bytes(r['peak_memory_bytes']):>12}{vs:>9}")
+               f"{r['spread']:>8.1%}{_rate(r['throughput']):>12}{format_bytes(r['peak_memory_bytes']):>12}{vs:>9}")
         if has_tflops:
             share = f"{r['peak_share']:.0%}" if r.get("peak_share") is not None else "n/a"
             row += f"{r['achieved_tflops']:>9.3g}{share:>8}"
