@@ -107,6 +107,7 @@ def test_diagnose_an_uploaded_script(page, tmp_path):
     expect(table).to_contain_text("clip_grad_norm_(model.parameters(), 1.0)")  # the offending line
     expect(page.locator("#lint-status")).to_contain_text(re.compile(r"\d+ errors?, \d+ warnings?"))
     expect(page.locator("#lint-explanation")).to_contain_text("Why it matters")
+    shot(page, "diagnose", docs=True)
     table.get_by_text("AMP106 deprecated-amp-api").first.click()  # a finding's row explains its rule
     expect(page.locator("#lint-explanation")).to_contain_text("AMP106")
     with page.expect_download() as dl:
@@ -114,7 +115,6 @@ def test_diagnose_an_uploaded_script(page, tmp_path):
     saved = ARTIFACTS / "report.md"
     dl.value.save_as(str(saved))
     assert "AMP101" in saved.read_text()
-    shot(page, "diagnose", docs=True)
 
 
 def test_binary_upload_shows_a_clear_error_and_page_stays_usable(page, tmp_path):
