@@ -264,48 +264,48 @@ def _safe(fn, default):
 
 
 def _api_endpoints() -> None:
-    """Named endpoints for gradio_client on hidden components (same functions as the page)."""
+    """Named endpoints for gradio_client on hidden components (same functions as the page).
+    A component's value is the parameter's default in the client, so optional ones have one."""
     with gr.Column(visible=False):
-        code = gr.Textbox(label="code")
-        file = gr.File(label="file", file_types=[".py", ".ipynb"])
-        report = gr.Textbox(label="report")
-        md, js = gr.File(label="report.md"), gr.File(label="report.json")
-        gr.Button("lint").click(api_event(api.lint), [code, file], [report, md, js], api_name="lint", **FAST)
-        rule_id = gr.Textbox(label="rule_id")
+        code, file = gr.Textbox("", label="code"), gr.File(label="file", file_types=[".py", ".ipynb"])
+        select, ignore = gr.Textbox("", label="select"), gr.Textbox("", label="ignore")
+        report, md, js = gr.Textbox(label="report"), gr.File(label="report.md"), gr.File(label="report.json")
+        gr.Button("lint").click(api_event(api.lint), [code, file, select, ignore], [report, md, js],
+                                api_name="lint", **FAST)
+        rule_id = gr.Textbox("", label="rule_id")
         rules_json, rule_md = gr.Textbox(label="rules"), gr.Textbox(label="explanation")
         gr.Button("rules").click(api_event(api.rules), [rule_id], [rules_json, rule_md], api_name="rules", **FAST)
 
-        preset, yaml_text = gr.Textbox(label="preset"), gr.Textbox(label="yaml_text")
-        device = gr.Textbox(label="device")
+        preset, yaml_text = gr.Textbox("", label="preset"), gr.Textbox("", label="yaml_text")
         spec_file = gr.File(label="spec_file", file_types=list(specinput.SPEC_KINDS))
-        precisions, budget = gr.Textbox(label="precisions"), gr.Number(label="budget_s")
-        compile_ = gr.Checkbox(label="compile")
+        weights_file, device = gr.File(label="weights_file"), gr.Textbox("auto", label="device")
+        precisions = gr.Textbox(",".join(speedup.PRECISIONS), label="precisions")
+        budget, compile_ = gr.Number(30, label="budget_s"), gr.Checkbox(False, label="compile")
         result, png = gr.Textbox(label="result"), gr.File(label="plot.png")
         gr.Button("speedup").click(api_event(speedup.api_speedup),
                                    [preset, yaml_text, spec_file, device, precisions, budget, compile_],
                                    [result, png], api_name="speedup", **gpu_queue())
-
-        weights_file = gr.File(label="weights_file")
-        checks, steps = gr.Textbox(label="checks"), gr.Number(label="steps")
-        skip_png = gr.File(label="skiprate.png")
+        checks = gr.Textbox(",".join(check.CHECK_NAMES), label="checks")
+        steps, skip_png = gr.Number(20, label="steps", precision=0), gr.File(label="skiprate.png")
         gr.Button("check").click(api_event(check.api_check),
                                  [preset, yaml_text, spec_file, weights_file, device, checks, steps],
                                  [result, skip_png], api_name="check", **gpu_queue())
+        cap = gr.Textbox(label="capability")
+        gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
+                                      **gpu_queue())
         ckpt, ckpt_report = gr.File(label="checkpoint"), gr.Textbox(label="report")
         gr.Button("inspect").click(api_event(check.inspect_upload), [ckpt], [ckpt_report], api_name="inspect", **FAST)
-        answers, decision, loop = gr.Textbox(label="answers"), gr.Textbox(label="decision"), gr.Textbox(label="code")
-        loop_file = gr.File(label="train_amp.py")
+
+        answers, decision = gr.Textbox(label="answers"), gr.Textbox(label="decision")
+        loop, loop_file = gr.Textbox(label="code"), gr.File(label="train_amp.py")
         gr.Button("recommend").click(api_event(questionnaire.api_recommend), [answers], [decision, loop, loop_file],
                                      api_name="recommend", **FAST)
         log_text, explained = gr.Textbox(label="text"), gr.Textbox(label="report")
         gr.Button("explain").click(api_event(questionnaire.api_explain), [log_text], [explained],
                                    api_name="explain", **FAST)
-        options_json = gr.Textbox(label="options")
+        options_json = gr.Textbox("{}", label="options")
         gr.Button("recipe").click(api_event(recipe.api_recipe), [options_json], [loop, loop_file],
                                   api_name="recipe", **FAST)
-        cap = gr.Textbox(label="capability")
-        gr.Button("capability").click(api_event(check.capability), [device], [cap], api_name="capability",
-                                      **gpu_queue())
 
 
 def build_demo() -> gr.Blocks:

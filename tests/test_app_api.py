@@ -74,8 +74,11 @@ def test_lint_upload_and_download(client, tmp_path):
     md = Path(md_path).read_text()
     assert "AMP101" in md and Path(md_path).name == "train_amp_report.md"
 
-    pasted, _, _ = client.predict(code="import torch\nx = torch.zeros(3)\n", file=None, api_name="/lint")
+    pasted, _, _ = client.predict(code="import torch\nx = torch.zeros(3)\n", api_name="/lint")
     assert pasted["findings"] == []
+    only, _, _ = client.predict(code=script.read_text(), file=None, ignore="AMP101", api_name="/lint")
+    assert "AMP101" not in {f["rule"] for f in only["findings"]}
+    _app_error(client, "unknown rule", code="x = 1\n", file=None, select="AMP9", api_name="/lint")
 
 
 def test_lint_refuses_binary_and_empty_input_readably(client, tmp_path):
@@ -141,7 +144,8 @@ def test_lint_answers_while_speedups_run_one_at_a_time(client):
         return client.submit(preset=TINY_MLP, yaml_text="", spec_file=None, device="cpu",
                              precisions=precisions, budget_s=budget, compile=False, api_name="/speedup")
 
-    first, second = speedup(4, "fp32,bf16"), speedup(1, "fp32")
+    first = speedup(4, "fp32,bf16")
+    second = client.submit(preset=TINY_MLP, precisions="fp32", budget_s=1, api_name="/speedup")  # defaults
     deadline = time.monotonic() + 60  # wait until the first job is really running
     while time.monotonic() < deadline and first.status().code.name not in RUNNING:
         time.sleep(0.1)
@@ -177,6 +181,8 @@ def test_questionnaire_recipe_and_explain(client):
     _app_error(client, "symptoms", answers='{"gpu": "T4", "symptoms": ["bogus"]}', api_name="/recommend")
     _app_error(client, "JSON object", answers="gpu=T4", api_name="/recommend")
 
+    default_code, _ = client.predict(api_name="/recipe")  # every option at its default
+    assert "GradScaler" in default_code
     code, path = client.predict(options='{"precision": "bf16", "accum": 4}', api_name="/recipe")
     assert 'PRECISION = "bf16"' in code and Path(path).read_text() == code
     _app_error(client, "channels", options='{"channels_last": true, "model": "transformer"}', api_name="/recipe")

@@ -8,9 +8,10 @@ from __future__ import annotations
 from . import diagnose
 
 
-def lint(code: str, file: str | None = None) -> tuple[dict, str, str]:
-    """Lint pasted `code` or an uploaded .py/.ipynb `file`: (report JSON, report.md, report.json)."""
-    result = diagnose.lint_script(code, file)
+def lint(code: str, file: str | None = None, select: str = "", ignore: str = "") -> tuple[dict, str, str]:
+    """Lint pasted `code` or an uploaded .py/.ipynb `file`: (report JSON, report.md, report.json).
+    `select`/`ignore`: comma-separated rule ids or prefixes (e.g. "AMP1", "AMP121,AMP123")."""
+    result = diagnose.lint_script(code, file, select, ignore)
     return result["report"], result["md_path"], result["json_path"]
 
 

@@ -87,11 +87,13 @@ def report_markdown(findings: list[Finding], errors: list, name: str) -> str:
     return md
 
 
-def lint_script(code: str | None, upload) -> dict:
-    """Lint the input; everything the tab and the `lint` API show, as plain values."""
+def lint_script(code: str | None, upload, select: str | None = None, ignore: str | None = None) -> dict:
+    """Lint the input; everything the tab and the `lint` API show, as plain values.
+    `select`/`ignore`: comma-separated rule ids or prefixes, as `lint --select/--ignore`."""
     text, name = read_script(code, upload)
     lint = _lint()
-    report = lint.lint_text(text, path=name)
+    report = lint.lint_text(text, path=name, select=(select or "").strip() or None,
+                            ignore=(ignore or "").strip() or None)
     findings = list(report.findings)
     errors = list(report.errors)
     payload = report.to_dict()
