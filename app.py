@@ -325,7 +325,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Speedup check", id="speedup"):
                 _speedup_tab()
         _api_endpoints()
-    blocks.queue(default_concurrency_limit=8)
+    blocks.queue(default_concurrency_limit=8, max_size=64)  # a flood gets "queue full", not a stalled server
     return blocks
 
 
