@@ -134,7 +134,8 @@ def _speedup_tab() -> None:
             verdict = gr.Markdown(elem_id="speed-verdict")
             plot = gr.Plot(label="Step time and peak memory", elem_id="speed-plot")
             table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,
-                                 wrap=True, elem_id="speed-table")
+                                 wrap=True, elem_id="speed-table",
+                                 column_widths=["8%", "9%", "8%", "13%", "10%", "8%", "14%", "30%"])
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     outputs = [status, table, plot, verdict, json_file]
     run.click(page_event(speedup.ui_speedup, len(outputs)), [*model, device, precisions, budget, compile_],
