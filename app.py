@@ -132,7 +132,7 @@ def _speedup_tab() -> None:
         with gr.Column(scale=3):
             status = gr.Markdown(elem_id="speed-status", elem_classes=["status-box"])
             verdict = gr.Markdown(elem_id="speed-verdict")
-            plot = gr.Plot(label="Step time and peak memory", elem_id="speed-plot")
+            plot = gr.Plot(label="Step time and peak memory", show_label=False, elem_id="speed-plot")
             table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,
                                  wrap=True, elem_id="speed-table",
                                  column_widths=["8%", "9%", "8%", "13%", "10%", "8%", "14%", "30%"])
@@ -167,7 +167,7 @@ def _check_tab() -> None:
             align = gr.Dataframe(headers=check.ALIGN_HEADERS, label="Tensor-core alignment (padded sizes)",
                                  interactive=False, wrap=True, elem_id="check-alignment")
             skip_md = gr.Markdown(elem_id="check-skiprate")
-            skip_plot = gr.Plot(label="Loss scale per step (skipped steps marked)", elem_id="check-skiprate-plot")
+            skip_plot = gr.Plot(label="Loss scale per step (skipped steps marked)", show_label=False, elem_id="check-skiprate-plot")
             nan_md = gr.Markdown(elem_id="check-nan")
             head_md = gr.Markdown(elem_id="check-headroom")
             head_rows = gr.Dataframe(headers=check.HEADROOM_HEADERS, label="Activation headroom in fp16",

@@ -158,7 +158,20 @@ def test_device_info_on_cuda_reads_the_device_properties(monkeypatch):
 
     props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: props.name)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     info = check.device_info(torch.device("cuda"))
     assert info == {**info, "type": "cuda", "index": 0, "name": "NVIDIA H100 80GB HBM3",
                     "capability": "9.0", "memory_gb": 80.0}
+
+
+def test_device_info_on_cpu_names_the_cpu_model_not_the_architecture():
+    info = check.device_info(torch.device("cpu"))
+    assert info["type"] == "cpu" and info["cpu_numbers"] is True
+    from troubleshooter.engine.cpu_features import cpu_features
+
+    model = cpu_features().get("model")
+    if model:  # /proc/cpuinfo names the model (x86 Linux): the report must use it
+        assert info["name"] == model
+    assert "CPU" in info["summary"]

@@ -8,7 +8,6 @@ object and is JSON-safe (non-finite numbers appear as the strings "inf", "-inf",
 from __future__ import annotations
 
 import math
-import platform
 import time
 from typing import Any, Callable, Iterable
 
@@ -18,6 +17,7 @@ from ..errors import UserError
 from ..findings import Finding, Severity
 from ..workload import Workload
 from . import precision as prec
+from .device_info import describe_device as device_info
 from .training_step import is_oom, release
 
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
@@ -97,20 +97,6 @@ class _NotAvailable(Exception):
 
 
 # ---------------------------------------------------------------- the report
-
-
-def device_info(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"type": device.type, "index": device.index, "torch": torch.__version__}
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-        info.update(index=index, name=props.name, capability=f"{props.major}.{props.minor}",
-                    memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
-    elif device.type == "mps":
-        info["name"] = "Apple MPS"
-    else:
-        info["name"] = platform.processor() or platform.machine() or "CPU"
-    return info
 
 
 def spec_info(workload: Workload) -> dict[str, Any]:

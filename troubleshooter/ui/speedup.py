@@ -5,6 +5,7 @@ import json
 import math
 
 from ..errors import UserError
+from ..units import format_bytes
 from . import common, host, jobs, specinput
 from .server import SETTINGS
 
@@ -57,16 +58,6 @@ def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float
                         device_key=host.device_key(device), **kwargs)
 
 
-def _bytes(n) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _rate(x, unit) -> str:
     if x is None:
         return "—"
@@ -93,7 +84,7 @@ def table_rows(result: dict) -> list[list]:
             notes.append(f"{r['achieved_tflops']:.3g} TFLOP/s = {r['peak_share']:.0%} of peak")
         rows.append([p, f"{r['median_ms']:.3f}", f"{r['iqr_ms']:.3f}",
                      _rate(r.get("throughput"), r.get("throughput_unit", "")),
-                     _bytes(r.get("peak_memory_bytes")), f"{vs:.2f}x" if vs else "—", loss_text, "; ".join(notes)])
+                     format_bytes(r.get("peak_memory_bytes"), missing="—"), f"{vs:.2f}x" if vs else "—", loss_text, "; ".join(notes)])
     for p, why in result.get("unavailable", {}).items():
         rows.append([p, "—", "—", "—", "—", "—", "—", f"unavailable: {why}"])
     for p, why in result.get("errors", {}).items():
