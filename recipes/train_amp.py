@@ -575,5 +575,6 @@ if RANK == 0:
     # [end]
     print(summary, flush=True)
 # [option: distributed!=none]
+#| dist.barrier()  # every rank finishes its collectives first: gloo aborts a group torn down mid-operation
 #| dist.destroy_process_group()
 # [end]
