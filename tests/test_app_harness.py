@@ -119,3 +119,17 @@ def test_bad_arguments_exit_2_without_traceback():
     assert proc.returncode == 2, proc.stderr
     assert "error: auth must look like USER:PASS" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_scratch_folders_older_than_the_ttl_are_pruned(monkeypatch, tmp_path):
+    """Downloads and uploaded spec files share one scratch root that a long-running server prunes."""
+    import os
+
+    from troubleshooter.ui import common
+
+    monkeypatch.setattr(common, "_download_root", tmp_path)
+    old = common.fresh_dir(prefix="amp-spec-")
+    assert old.parent == tmp_path and old.name.startswith("amp-spec-")
+    os.utime(old, (0, 0))  # an hour and more ago
+    new = common.fresh_dir()
+    assert new.is_dir() and not old.exists()

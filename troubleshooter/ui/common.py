@@ -131,15 +131,21 @@ def _prune(root: Path) -> None:
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def fresh_dir(prefix: str = "") -> Path:
+    """A new private folder under the app's scratch root; folders older than an hour are removed,
+    so downloads and uploaded spec files do not pile up on a long-running server."""
+    root = _root()
+    _prune(root)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
 def write_download(filename: str, content: str | bytes) -> str:
     """Write a file for a download button into its own fresh directory; return its path.
 
     Each call gets its own directory so the user's file keeps its plain name
     (`train_amp.py`, not a random one) and concurrent users never overwrite each other.
     """
-    root = _root()
-    _prune(root)
-    folder = Path(tempfile.mkdtemp(dir=root))
+    folder = fresh_dir()
     path = folder / (_SAFE.sub("_", filename) or "download")
     if isinstance(content, bytes):
         path.write_bytes(content)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -72,7 +71,7 @@ def _weights_dir(weights_upload) -> str:
     A spec typed into a web page must not reach files on the server, so relative `weights:`
     resolve here and absolute or `..` paths are refused (see `_confine_weights`).
     """
-    folder = tempfile.mkdtemp(prefix="amp-spec-")
+    folder = str(common.fresh_dir(prefix="amp-spec-"))
     path = common.upload_path(weights_upload)
     if path:
         common.check_size(path, SETTINGS.max_file_bytes)
