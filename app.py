@@ -44,6 +44,8 @@ def page(name: str) -> dict:
 CSS = """
 .status-box {min-height: 1.5em}
 #header-device {font-size: 0.95em; opacity: 0.9}
+#check-findings td:nth-child(1) {white-space: nowrap}
+#check-findings td:nth-child(3) {min-width: 6em}
 """
 
 

@@ -72,6 +72,8 @@ def screenshot_on_failure(request, page):
 
 def shot(page, name: str, docs: bool = False) -> None:
     path = ARTIFACTS / f"{name}.png"
+    if docs:  # README pictures show the tab itself, not a toast left over from an earlier test
+        page.evaluate("document.querySelectorAll('.toast-body').forEach(e => e.remove())")
     page.screenshot(path=str(path), full_page=True)
     if docs and os.environ.get("AMP_UPDATE_SCREENSHOTS"):
         dest = ROOT / "docs" / "screenshots"
