@@ -1,4 +1,6 @@
 """AMP116 optimizer-step-bypasses-scaler."""
+import ast
+
 from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, compatible, text
 from ._steps import scaler_key_for
 from .base import Hit, Rule
@@ -26,6 +28,15 @@ scaler.update()
     def check(self, m):
         for s in m.scopes:
             for o in s.of(OPT_STEP):
+                double = self._after_scaler_step(s, o)
+                if double is not None:
+                    yield Hit.at(o.node, f"`{text(o.node.func)}()` steps the optimizer a second time after "
+                                         f"`{text(double.node.func)}({text(double.arg)})` on line {double.line}: the "
+                                         "update is applied twice per iteration and this one is never skipped "
+                                         "on inf/NaN gradients",
+                                 "step through the scaler only: drop this call on the GradScaler path "
+                                 "(put it in the `else:` of the AMP branch)")
+                    continue
                 prior = [e for e in s.events if e.kind == BACKWARD and e.order < o.order and compatible(e, o)]
                 if not prior:
                     continue
@@ -44,3 +55,24 @@ scaler.update()
                                      f"(scaled backward on line {b.line})",
                              f"use `{scaler}.step({text(o.node.func.value)})` then `{scaler}.update()`",
                              scaler=scaler, update_follows=updated_after)
+
+    @staticmethod
+    def _after_scaler_step(s, o):
+        """A `scaler.step(opt)` on the same path, same optimizer, same loop, with no backward in between."""
+        if o.via_call or not isinstance(o.node.func, ast.Attribute):
+            return None
+        opt = text(o.node.func.value)
+        for e in reversed(s.events):
+            if e.order >= o.order or e.via_call or not compatible(e, o) or e.loops != o.loops:
+                continue
+            if e.kind == SCALER_STEP and e.arg is not None and text(e.arg) == opt:
+                if any(b.kind == BACKWARD and e.order < b.order < o.order and compatible(b, e)
+                       and compatible(b, o) for b in s.events):
+                    return None
+                # an early exit (return/continue/break/raise) between the two makes them alternatives
+                for n in ast.walk(s.node) if hasattr(s, "node") else ():
+                    if isinstance(n, (ast.Return, ast.Continue, ast.Break, ast.Raise)) \
+                            and e.line <= n.lineno < o.line:
+                        return None
+                return e
+        return None
