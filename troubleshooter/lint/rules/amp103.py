@@ -1,4 +1,6 @@
 """AMP103 fp16-without-scaler."""
+import ast
+
 from ._steps import training_regions
 from .base import Hit, Rule
 
@@ -30,7 +32,7 @@ scaler.update()
            "`scaler.update()`; or switch to `dtype=torch.bfloat16` if the GPU supports it (no scaler needed).")
 
     def check(self, m):
-        if m.any_scaler:
+        if m.any_scaler and not _only_dead_scaler(m):
             return
         if any(e.managed for s in m.scopes for e in s.events if e.kind == "backward"):
             return
@@ -38,3 +40,16 @@ scaler.update()
             how = "dtype=torch.float16" if ac.device != "cuda" else "float16 (explicit or CUDA's default dtype)"
             yield Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
                                            "small gradients underflow to zero")
+
+
+def _only_dead_scaler(m) -> bool:
+    """A GradScaler is built into a plain name that is never read again (its use left commented out)."""
+    if m.scaler_method_keys or not m.scaler_ctor or not all(k.isidentifier() for k in m.scaler_ctor):
+        return False
+    if any(("scaler" in i and i not in m.scaler_ctor and i != "gradscaler" and not i.endswith("gradscaler"))
+           or "scale_loss" in i or "loss_scale" in i for i in m.identifiers):
+        return False
+    def read(n) -> bool:
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+        return name in m.scaler_ctor and not isinstance(n.ctx, ast.Store)
+    return not any(read(n) for n in m.nodes)
