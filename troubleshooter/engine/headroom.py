@@ -158,6 +158,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
     model.train()
     batch = workload.batch(device, seed=seed)
     names = {m: n for n, m in model.named_modules()}
+    leaves = {n: not any(True for _ in m.children()) for n, m in model.named_modules()}
     act: dict[str, list[torch.Tensor]] = {}
     act_in: dict[str, list[torch.Tensor]] = {}
     order: list[str] = []
@@ -226,7 +227,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the check
     del model, out32, loss32, batch
-    host.update(order=order, classes=classes, owners=[(n, type(m).__name__) for n, m in owners],
+    host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
                 errors=errors, half_out=half_out if "fp16" not in errors else None)
     return host
@@ -287,12 +288,16 @@ def _fmt(x: float | None) -> str:
 def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> HeadroomResult:
     activations = []
     half_out = raw.get("half_out")
+    leaves = raw.get("leaves") or {}
     for name, m, m_in in zip(raw["order"], raw["act"], raw.get("act_in", raw["act"])):
         # Under fp16 autocast a module overflows when it computes in float16 and its result
         # (or the fp32 input it casts down) is past 65504; modules autocast keeps in fp32
         # (norms, softmax, embeddings) hand their large values on to the next one.
         in_half = True if half_out is None else half_out.get(name, False)
-        too_big = (math.isfinite(m) and m > FP16_MAX) or (math.isfinite(m_in) and m_in > FP16_MAX)
+        # Only a leaf casts its own input down: a container (the model itself) just hands the
+        # batch on, and its first layer (a LayerNorm in fp32, say) may well tame it.
+        casts_input = leaves.get(name, name != "")
+        too_big = (math.isfinite(m) and m > FP16_MAX) or (casts_input and math.isfinite(m_in) and m_in > FP16_MAX)
         activations.append({"module": name, "class": raw["classes"][name], "max_abs": m,
                             "input_max_abs": m_in, "headroom_bits": _bits(m), "finite": math.isfinite(m),
                             "fp16_output": in_half, "overflows_fp16": bool(in_half and too_big)})
