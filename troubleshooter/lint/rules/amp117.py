@@ -27,6 +27,8 @@ def _unstable(m, n: ast.AST) -> str | None:
         return None  # a constant such as torch.log(torch.tensor(10000.0))
     if t == "exp" and isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) and recv.value.id == "self":
         return None  # a float32 parameter such as CLIP's logit_scale.exp()
+    if t == "exp" and operand is not None and _bounded_exp(operand):
+        return None  # exp(-loss) <= 1 (focal loss), exp(0.5 * logvar) (Gaussian / VAE std)
     if t == "exp" and (is_torch_fn or (recv is not None and not isinstance(recv, ast.Name)) or
                        (recv is not None and recv.id not in m.names.alias)):
         return f"`{text(n)[:40]}` can overflow float16 (exp(x) > 65504 for x > 11)"
@@ -41,6 +43,33 @@ def _unstable(m, n: ast.AST) -> str | None:
                        (not is_torch_fn and n.args and _big_exponent(n.args[0]))):
         return f"`{text(n)[:40]}` raises to a large power"
     return None
+
+
+_LOG_SCALE = re.compile(r"^log_?(var|variance|std|sigma|scale|alpha)s?$|^logit_scale$", re.I)
+_LOSS_NAME = re.compile(r"loss|bce|^ce$|_ce$|^ce_|nll", re.I)
+
+
+def _bounded_exp(operand: ast.AST) -> bool:
+    """Exponents real training code keeps small: a negated loss, or a log-variance/log-std parameter."""
+    if isinstance(operand, ast.UnaryOp) and isinstance(operand.op, ast.USub):
+        inner = operand.operand
+        return isinstance(inner, (ast.Name, ast.Attribute)) and bool(_LOSS_NAME.search(tail(inner) or ""))
+    if isinstance(operand, ast.BinOp) and isinstance(operand.op, (ast.Mult, ast.Div)):
+        sides = [operand.left, operand.right]
+        const = [x for x in sides if isinstance(x, ast.Constant) and isinstance(x.value, (int, float))
+                 and abs(x.value) <= 1]
+        other = [x for x in sides if x not in const]
+        if isinstance(operand.op, ast.Div):
+            const = [operand.right] if operand.right in const or (isinstance(operand.right, ast.Constant)
+                                                                 and isinstance(operand.right.value, (int, float))
+                                                                 and abs(operand.right.value) >= 1) else []
+            other = [operand.left]
+        return len(const) == 1 and len(other) == 1 and _log_scale_name(other[0])
+    return _log_scale_name(operand)
+
+
+def _log_scale_name(n: ast.AST) -> bool:
+    return isinstance(n, (ast.Name, ast.Attribute)) and bool(_LOG_SCALE.search(tail(n) or ""))
 
 
 def _big_exponent(n: ast.AST) -> bool:
