@@ -50,7 +50,10 @@ _LOSS_NAME = re.compile(r"loss|bce|^ce$|_ce$|^ce_|nll", re.I)
 
 
 def _bounded_exp(operand: ast.AST) -> bool:
-    """Exponents real training code keeps small: a negated loss, or a log-variance/log-std parameter."""
+    """Exponents real training code keeps small: a negated loss, a log-variance/log-std parameter, or a
+    sinusoidal frequency table built from `arange` (timestep / positional embeddings)."""
+    if any(isinstance(c, ast.Call) and tail(c.func) in {"arange", "linspace", "logspace"} for c in walk(operand)):
+        return True
     if isinstance(operand, ast.UnaryOp) and isinstance(operand.op, ast.USub):
         inner = operand.operand
         return isinstance(inner, (ast.Name, ast.Attribute)) and bool(_LOSS_NAME.search(tail(inner) or ""))
