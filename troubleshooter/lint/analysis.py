@@ -734,6 +734,10 @@ class _Walker:
                         inner = inner.value
                     if isinstance(inner, ast.Attribute) and inner.attr == "grad" and f.attr in ZEROING:
                         skip_grad.add(id(inner))
+                    if f.attr in ZEROING and isinstance(inner, ast.Subscript):
+                        g = _grad_of(inner)  # p.grad[rows].zero_(): zero is zero at any loss scale
+                        if g is not None:
+                            skip_grad.add(id(g))
                     if f.attr == "grad":
                         skip_grad.add(id(f))  # torch.autograd.grad(...)
             elif isinstance(n, ast.Attribute) and n.attr == "grad":
@@ -746,6 +750,12 @@ class _Walker:
             elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is None:
                 for t in n.targets:
                     skip_grad.add(id(t))
+            elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value == 0 \
+                    and not isinstance(n.value.value, bool):
+                for t in n.targets:  # p.grad[rows] = 0 freezes rows; zero is scale-invariant
+                    g = _grad_of(t) if isinstance(t, ast.Subscript) else None
+                    if g is not None:
+                        skip_grad.add(id(g))
             elif isinstance(n, ast.Lambda):
                 pass
         if isinstance(node, (ast.Assign, ast.AugAssign)) and isinstance(node, ast.Assign):
@@ -850,6 +860,14 @@ class _Walker:
                 found = any(_is_grad_read(n, d) for n in reads)
             cache[key] = found
         return cache[key]
+
+
+def _grad_of(sub: ast.Subscript) -> ast.Attribute | None:
+    """The `.grad` attribute under `x.grad[...]` / `x.grad.data[...]`, or None."""
+    v = sub.value
+    if isinstance(v, ast.Attribute) and v.attr == "data":
+        v = v.value
+    return v if isinstance(v, ast.Attribute) and v.attr == "grad" else None
 
 
 def _is_grad_read(node: ast.Attribute, root: ast.AST) -> bool:
