@@ -317,6 +317,7 @@ class FileModel:
         self.autocast_vars: dict[str, Autocast] = {}
         self.autocast_factories: dict[str, ast.Call] = {}
         self.halved: dict[str, ast.AST] = {}
+        self.halved_pretrained: dict[str, ast.AST] = {}
         self.frozen: set[str] = set()
         self.instances: dict[str, str] = {}  # key -> local class name
         self.identifiers: set[str] = set()
@@ -423,6 +424,10 @@ class FileModel:
             if lt in {"half", "bfloat16"} or (lt == "to" and any(
                     self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
                 self.halved.setdefault(key, link)
+                break
+            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
+                                               for k in link.keywords):
+                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
                 break
             link = receiver(link)
         inner = receiver(value)

@@ -1,7 +1,7 @@
 """AMP111 half-precision-master-weights."""
 import ast
 
-from ..analysis import BACKWARD, OPT_STEP, names_in, walk
+from ..analysis import BACKWARD, OPT_STEP, chain_base, names_in, walk
 from .base import Hit, Rule
 
 
@@ -30,7 +30,12 @@ def trained_half_models(m) -> dict[str, ast.AST]:
         return {}
     opt_names = optimized_names(m)
     out = {}
-    for k, node in m.halved.items():
+    candidates = dict(m.halved)
+    if not _adapter_training(m):  # float16 from_pretrained + LoRA/PEFT or a requires_grad filter is fine
+        for k, node in m.halved_pretrained.items():
+            if not _cast_back(m, k):
+                candidates.setdefault(k, node)
+    for k, node in candidates.items():
         if k not in opt_names or k in m.frozen:
             continue
         scope = m.scope_of(node)
@@ -42,6 +47,29 @@ def trained_half_models(m) -> dict[str, ast.AST]:
         if later_ctor or later_step or (scope.name == "<module>" and _module_trains_later(m, node)):
             out[k] = node
     return out
+
+
+def _cast_back(m, key: str) -> bool:
+    """`model.float()` / `model.to(torch.float32)` somewhere: the float16 load is undone before training."""
+    for n in m.nodes:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and chain_base(n.func.value) == key:
+            if n.func.attr == "float":
+                return True
+            if n.func.attr == "to" and any(m.dtype_of(a) == "fp32" for a in list(n.args) + [k.value for k in n.keywords]):
+                return True
+    return False
+
+
+def _adapter_training(m) -> bool:
+    """Only some parameters train: PEFT/LoRA adapters, or an optimizer fed a `requires_grad` filter."""
+    if any(("lora" in i or "peft" in i or "adapter" in i or "kbit" in i) for i in m.identifiers):
+        return True
+    for ctors in m.optimizer_ctor.values():
+        for c in ctors:
+            for a in list(c.args[:1]) + [k.value for k in c.keywords if k.arg == "params"]:
+                if any(isinstance(n, ast.Attribute) and n.attr == "requires_grad" for n in walk(a)):
+                    return True
+    return False
 
 
 def _module_trains_later(m, node) -> bool:
