@@ -184,6 +184,7 @@ DEPRECATED = {
 BACKWARD, UNSCALE, CLIP, GRAD, OPT_STEP, SCALER_STEP, UPDATE, SCHED_STEP, SAVE, SCALE, \
     GET_SCALE, ZERO_GRAD, CALL = ("backward", "unscale", "clip", "grad", "opt_step", "scaler_step",
                                   "update", "sched_step", "save", "scale", "get_scale", "zero_grad", "call")
+HELPER_OPT_STEP = "helper_opt_step"  # a call to a local helper that steps an optimizer with no scaler in it
 
 
 @dataclass
@@ -835,6 +836,21 @@ class _Walker:
         for kind in (UNSCALE, GRAD, SCALER_STEP, UPDATE):
             if any(self._def_has(d, kind) for d in defs):
                 self._add(kind, c, ctx, via_call=t)
+        if defs and all(self._plain_step_helper(d) for d in defs):
+            self._add(HELPER_OPT_STEP, c, ctx, via_call=t)
+
+    def _plain_step_helper(self, d: ast.AST) -> bool:
+        """A local helper that steps an optimizer directly and never touches a scaler or runs backward."""
+        stepped = False
+        for n in self.m.subtree(d):
+            if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute):
+                continue
+            rk = tail(n.func.value)
+            if n.func.attr == "backward" or (rk and (self.m.is_scaler(rk) or "scal" in rk.lower())):
+                return False
+            if n.func.attr == "step" and rk and self.m.is_optimizer(rk) and not self.m.is_scheduler(rk):
+                stepped = True
+        return stepped
 
     def _backward(self, target: ast.AST, c: ast.Call, ctx) -> None:
         scaled = self._is_scale_call(target) or (isinstance(target, (ast.Name, ast.Attribute))

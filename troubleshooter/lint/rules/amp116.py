@@ -1,7 +1,7 @@
 """AMP116 optimizer-step-bypasses-scaler."""
 import ast
 
-from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, compatible, text
+from ..analysis import BACKWARD, HELPER_OPT_STEP, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, compatible, text
 from ._steps import scaler_key_for
 from .base import Hit, Rule
 
@@ -27,6 +27,10 @@ scaler.update()
 
     def check(self, m):
         for s in m.scopes:
+            for h, b in self._helper_hits(s, m):
+                yield Hit.at(h.node, f"`{text(h.node.func)}()` steps the optimizer directly (no `scaler.step`) on "
+                                     f"gradients still multiplied by the loss scale (scaled backward on line {b.line})",
+                             f"inside `{h.via_call}` use `scaler.step(optimizer)` then `scaler.update()`")
             for o in s.of(OPT_STEP):
                 double = self._after_scaler_step(s, o)
                 if double is not None:
@@ -55,6 +59,20 @@ scaler.update()
                                      f"(scaled backward on line {b.line})",
                              f"use `{scaler}.step({text(o.node.func.value)})` then `{scaler}.update()`",
                              scaler=scaler, update_follows=updated_after)
+
+    @staticmethod
+    def _helper_hits(s, m):
+        """`self.optimizer_step()` whose body is a plain `optimizer.step()` (scaler calls commented out)."""
+        for h in s.of(HELPER_OPT_STEP):
+            prior = [e for e in s.events if e.kind == BACKWARD and e.order < h.order and compatible(e, h)]
+            if not prior:
+                continue
+            b = prior[-1]
+            if not b.scaled or b.managed or not m.scaler_enabled(b.recv):
+                continue
+            if any(e.kind in (UNSCALE, SCALER_STEP) and compatible(e, h) for e in s.events):
+                continue
+            yield h, b
 
     @staticmethod
     def _after_scaler_step(s, o):
