@@ -84,6 +84,8 @@ scaler.update()
             if e.order >= o.order or e.via_call or not compatible(e, o) or e.loops != o.loops:
                 continue
             if e.kind == SCALER_STEP and e.arg is not None and text(e.arg) == opt:
+                if not {(b[0], b[1]) for b in o.branches} <= {(b[0], b[1]) for b in e.branches}:
+                    return None  # the plain step has its own condition: likely the other precision's path
                 if any(b.kind == BACKWARD and e.order < b.order < o.order and compatible(b, e)
                        and compatible(b, o) for b in s.events):
                     return None
