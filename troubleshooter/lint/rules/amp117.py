@@ -54,6 +54,9 @@ def _bounded_exp(operand: ast.AST) -> bool:
     sinusoidal frequency table built from `arange` (timestep / positional embeddings)."""
     if any(isinstance(c, ast.Call) and tail(c.func) in {"arange", "linspace", "logspace"} for c in walk(operand)):
         return True
+    if isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.Sub) and any(
+            isinstance(c, ast.Call) and tail(c.func) in {"max", "amax", "logsumexp"} for c in walk(operand.right)):
+        return True  # exp(x - x.max()) <= 1: the max-subtracted (stable) softmax numerator
     if isinstance(operand, ast.UnaryOp) and isinstance(operand.op, ast.USub):
         inner = operand.operand
         return isinstance(inner, (ast.Name, ast.Attribute)) and bool(_LOSS_NAME.search(tail(inner) or ""))
