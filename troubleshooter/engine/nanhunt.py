@@ -299,6 +299,8 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
                 section["steps_run"] = step + 1
                 section["loss_finite"] = math.isfinite(loss)
                 section["loss"] = loss if math.isfinite(loss) else None
+                if not math.isfinite(loss):
+                    section["loss_kind"] = "nan" if math.isnan(loss) else "inf"
                 if scaled:
                     section["loss_scale"] = scale
                 if rep.forward is not None or not math.isfinite(loss):
@@ -417,12 +419,20 @@ def _findings(sections: dict, traces: dict) -> list[Finding]:
 
 def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
     if ff is None:
+        # Every module output is finite, the loss is not: no module is at fault (module None);
+        # data names the module whose output the loss took, and the message its magnitude.
+        step = s.get("failed_step") or 0
+        calls = traces.get(p, [])[step] if len(traces.get(p, [])) > step else []
+        made = next((c for c in reversed(calls) if c["module"] != ""), None)
+        peak = f" (the model output peaks at max |x| {number(made['max_abs'])})" if made else ""
         return Finding(
             "AMP205", "nonfinite-in-forward", Severity.ERROR,
-            f"the loss is {s.get('loss')} in {p} although every module output is finite",
+            f"the loss is {s.get('loss_kind', 'not finite')} in {p} although every module output is finite"
+            f"{peak}: the loss computation overflows",
             "Check the loss function and its inputs: a log/division on model outputs or targets "
-            "out of range, or a loss weight so large the loss overflows.",
-            Location(module=None), p, {"where": "loss", "loss_finite": False},
+            "out of range, outputs so large their square overflows, or a loss weight so large the loss overflows.",
+            Location(module=None), p, {"where": "loss", "loss_finite": False,
+                                       "output_module": made["module"] if made else None},
         )
     module, step = ff["module"], ff.get("step", 0)
     ref = _reference_call(traces, p, step, ff["call_index"], module) if ff.get("created") else None
