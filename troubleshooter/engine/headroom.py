@@ -31,7 +31,8 @@ FLUSH_WARN = 0.05  # a module losing >= 5% of its gradient elements to zero is b
 SUBNORMAL_INFO = 0.25
 NEAR_OVERFLOW_BITS = 1.0
 BF16_WARN, BF16_INFO = 0.10, 0.02  # relative error of the loss (or output) against fp32
-GROUP_AFTER = 12
+GROUP_AFTER = 64  # AMP203 is one finding per module (each names its module) up to this many;
+# beyond it (a large preset) one finding lists them in data.modules, located at the first
 DEFAULT_SCALE = 65536.0  # GradScaler's init_scale
 _CHUNK = 1 << 24
 
@@ -420,7 +421,7 @@ def _underflow_findings(r: HeadroomResult) -> list[Finding]:
                f"{s['flush_to_zero_share']:.1%} of all nonzero gradient elements flush to zero and "
                f"{s['subnormal_share']:.1%} are subnormal")
         return [Finding("AMP203", "fp16-gradient-underflow", severity, msg, suggestion,
-                        Location(), precision="fp16", data={"check": "headroom", "modules": modules,
+                        Location(module=modules[0]), precision="fp16", data={"check": "headroom", "modules": modules,
                                                              **{k: v for k, v in s.items() if k != "exponent_histogram"}})]
     if not findings and s["nonzero"] and s["subnormal_share"] >= SUBNORMAL_INFO:
         msg = (f"without loss scaling {s['subnormal_share']:.1%} of the nonzero gradient elements would "
