@@ -106,3 +106,31 @@ def test_plot_marks_skips_and_calibration():
 def test_a_model_that_is_nan_in_fp32_is_not_blamed_on_fp16():
     r = check_skiprate(cw.mlp((16, 32, 10), batch_size=8, blow_up={0: float("nan")}), steps=2)
     assert r.recommendation["action"] == "fix_model" and not r.findings
+
+
+def test_budget_stops_a_slow_probe_only_after_calibration_and_some_training(monkeypatch):
+    """A time budget must not cut calibration short: that would hide a persistent overflow."""
+    from troubleshooter.engine import skiprate as sr
+
+    clock = iter(range(0, 10_000, 100))  # every step "takes" 100 s: always over a 1 s budget
+    monkeypatch.setattr(sr.time, "perf_counter", lambda: next(clock))
+    result = sr.check_skiprate(_budget_workload(), "cpu", steps=20, seed=0, budget_s=1.0)
+    s = result.summary
+    assert s["stopped_by_budget"] and s["steps_requested"] == 20
+    assert s["steps"] == s["skipped_calibration"] + sr.MIN_STEPS_AFTER_CALIBRATION
+    unbudgeted = sr.check_skiprate(_budget_workload(), "cpu", steps=6, seed=0, budget_s=None)
+    assert unbudgeted.summary["steps"] == 6 and not unbudgeted.summary["stopped_by_budget"]
+
+
+def _budget_workload():
+    import torch
+    from torch import nn
+
+    from troubleshooter.workload import Workload
+
+    def make_batch(n, device, gen):
+        return (torch.randn(n, 16, generator=gen).to(device),), torch.randint(0, 8, (n,), generator=gen).to(device)
+
+    return Workload(name="tiny", build_model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)),
+                    make_batch=make_batch, loss_fn=nn.functional.cross_entropy,
+                    make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01), batch_size=8)

@@ -9,6 +9,7 @@ only: the scale after `update()` is lower than before exactly when the step was 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,10 @@ from .training_step import build, device_batch, training_step
 
 RULE, NAME = "AMP204", "high-skip-rate"
 DEFAULT_INIT_SCALE = 65536.0
+# Wall-clock cap for the probe: fp16 on a CPU without fp16 instructions can take seconds a step.
+DEFAULT_BUDGET_S = 20.0
+# Steps after calibration needed before the budget may stop the probe (to judge later skips).
+MIN_STEPS_AFTER_CALIBRATION = 4
 PERSISTENT_RATE = 0.10  # skipping more than 1 step in 10 after calibration is not noise
 CALIBRATION_NOTE = 3  # this many skips before the first good step is worth a lower init_scale
 
@@ -43,24 +48,34 @@ class SkipRateResult:
 
 
 def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
-              init_scale: float = DEFAULT_INIT_SCALE) -> list[dict[str, Any]]:
+              init_scale: float = DEFAULT_INIT_SCALE, budget_s: float | None = None) -> list[dict[str, Any]]:
     """N fp16 training steps; per step the unscaled loss, the scale before/after, skipped or not.
 
     One host sync per step (`get_scale()` after `update()`); losses stay on the device until
-    the end.
+    the end. With `budget_s`, stops early once that much time has passed, but never while the
+    scaler is still calibrating (every step so far skipped) unless the scale already fell below
+    1: cutting calibration short would hide exactly the overflow this probe exists to show.
+    On a CPU without fp16 instructions one fp16 step can take seconds, hence the budget.
     """
     model, optimizer = build(workload, device, seed)
     scaler = prec.make_scaler("fp16", device, init_scale=init_scale)
     losses: list[torch.Tensor] = []
     scales: list[tuple[float, float]] = []
     before = float(scaler.get_scale())  # init_scale: no sync before the first step
+    start = time.perf_counter()
+    calibrating, trained = True, 0
     try:
         for i in range(steps):
             batch = device_batch(workload, device, seed * 100003 + i)
             losses.append(training_step(workload, model, optimizer, scaler, batch, "fp16", device))
             after = float(scaler.get_scale())
             scales.append((before, after))
+            calibrating = calibrating and after < before
+            trained = trained + 1 if not calibrating else 0
             before = after
+            over_budget = budget_s is not None and time.perf_counter() - start > budget_s
+            if over_budget and i + 1 < steps and (trained >= MIN_STEPS_AFTER_CALIBRATION or after < 1.0):
+                break
         loss_values = torch.stack(losses).tolist() if losses else []
     finally:
         del model, optimizer, losses
@@ -139,13 +154,18 @@ def _fp32_loss_finite(workload: Workload, device: torch.device, seed: int) -> bo
 
 
 def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps: int = 20,
-                   seed: int = 0, init_scale: float = DEFAULT_INIT_SCALE) -> SkipRateResult:
+                   seed: int = 0, init_scale: float = DEFAULT_INIT_SCALE,
+                   budget_s: float | None = DEFAULT_BUDGET_S) -> SkipRateResult:
     device = torch.device(device)
     if steps < 1:
         raise ValueError("steps must be at least 1")
     with prec.precision_mode("fp16", device):
-        series = run_steps(workload, device, steps, seed, init_scale)
+        series = run_steps(workload, device, steps, seed, init_scale, budget_s)
     summary, rec = summarize(series, init_scale)
+    summary["steps_requested"] = steps
+    summary["stopped_by_budget"] = len(series) < steps
+    if summary["stopped_by_budget"]:
+        summary["budget_s"] = budget_s
     if summary["nonfinite_losses"] and not _fp32_loss_finite(workload, device, seed):
         rec = {"action": "fix_model", "severity": None,
                "reason": "the loss is not finite even in fp32, so this is not a mixed-precision problem: "
