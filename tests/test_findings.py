@@ -59,3 +59,16 @@ def test_text_line_and_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 1024**3) == "3.0 GiB"
+
+
+def test_jsonable_keeps_each_reports_nonfinite_convention():
+    import torch
+
+    from troubleshooter.jsonsafe import jsonable
+
+    data = {"loss": float("inf"), 3: (float("nan"), -float("inf"), 1.5), "t": torch.tensor(2.0),
+            "dtype": torch.float16, "ok": True, "n": None}
+    assert jsonable(data) == {"loss": "inf", "3": ["nan", "-inf", 1.5], "t": 2.0, "dtype": "torch.float16",
+                              "ok": True, "n": None}
+    assert jsonable(data, nonfinite="null")["3"] == [None, None, 1.5]
+    json.dumps(jsonable(data, nonfinite="null"), allow_nan=False)

@@ -32,3 +32,11 @@ def test_architecture_by_compute_capability():
     assert hardware.architecture_for("8.9").fp8 is True
     assert hardware.architecture_for("8.0").fp8 is False
     assert hardware.architecture_for("12.0").name == "Blackwell"
+
+
+def test_padded_size_is_shared_by_lint_and_engine():
+    from troubleshooter.engine import alignment
+
+    assert hardware.padded_size(127, 8) == 128 and hardware.padded_size(128, 8) == 128
+    assert hardware.padded_size(50257, hardware.VOCAB_MULTIPLE) == 50304
+    assert alignment.padded_size is hardware.padded_size

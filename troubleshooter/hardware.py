@@ -12,6 +12,17 @@ from importlib import resources
 import yaml
 
 
+# Tensor cores want GEMM dimensions in multiples of 16 bytes: 8 float16/bfloat16 elements.
+# Vocabulary sizes (embedding rows, LM heads) do best as multiples of 64.
+HALF_MULTIPLE = 8
+VOCAB_MULTIPLE = 64
+
+
+def padded_size(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value: the size to pad a dimension to."""
+    return -(-int(value) // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str

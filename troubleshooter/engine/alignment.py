@@ -9,7 +9,6 @@ cannot run on the meta device.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +18,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..findings import Finding, Location, Severity
+from ..hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
 from ..workload import Workload
 
 RULE, NAME = "AMP201", "dimension-not-aligned"
-HALF_MULTIPLE = 8  # elements: 16 bytes of float16/bfloat16
-VOCAB_MULTIPLE = 64
 WARN_SHARE = 0.05  # a misaligned dimension touching >= 5% of the FLOPs is worth fixing
 SMALL_HEAD = 64  # a classifier head with fewer outputs is set by the task; padding it gains ~nothing
 GROUP_AFTER = 12  # more findings than this: one per distinct pattern, listing its modules
@@ -73,10 +71,6 @@ class AlignmentResult:
     def to_list(self) -> list[dict[str, Any]]:
         """The `alignment` section of the check JSON: one row per checked size."""
         return [r.to_dict() for r in self.rows]
-
-
-def padded_size(value: int, multiple: int) -> int:
-    return int(math.ceil(value / multiple) * multiple)
 
 
 # ---------------------------------------------------------------- measuring FLOPs

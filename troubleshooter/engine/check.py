@@ -7,7 +7,6 @@ object and is JSON-safe (non-finite numbers appear as the strings "inf", "-inf",
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Iterable
 
@@ -15,6 +14,7 @@ import torch
 
 from ..errors import UserError
 from ..findings import Finding, Severity
+from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
 from .device_info import describe_device as device_info
@@ -137,25 +137,6 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
                         {**f.data, "confirmed_by": confirmed[k]})
         out.append(f)
     return sorted(out, key=lambda f: (-f.severity.rank, f.rule, f.location.module or "", f.precision or ""))
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON types only: non-finite floats become "inf"/"-inf"/"nan", tuples lists."""
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
-        return jsonable(obj.item())
-    if isinstance(obj, (torch.dtype, torch.device)):
-        return str(obj)
-    return str(obj)
 
 
 def exit_code(result: dict[str, Any]) -> int:

@@ -20,6 +20,7 @@ from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
 from .nanhooks import HookSet, StepReport, number
+from .training_step import build, device_batch
 
 __all__ = ["nanhunt", "NonFiniteError", "hunt_nonfinite", "format_event"]
 
@@ -283,15 +284,12 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
     trace: list[list[dict]] = []
     model = opt = hooks = None
     try:
-        torch.manual_seed(seed)
-        model = workload.build_model().to(device)
-        model.train()
-        opt = workload.make_optimizer(list(model.parameters()))
+        model, opt = build(workload, device, seed)
         scaler = prec.make_scaler(precision, device)
         hooks = HookSet(model).attach()
         with prec.precision_mode(precision, device):
             for step in range(steps):
-                batch = workload.batch(device, seed=seed + step)
+                batch = device_batch(workload, device, seed + step)
                 scale = scaler.get_scale() if scaled else 1.0
                 rep, loss = _forward_backward(workload, model, opt, batch, precision, device, scaler,
                                               seed + step, hooks)

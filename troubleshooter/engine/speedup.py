@@ -20,6 +20,7 @@ import torch
 
 from .. import hardware
 from ..errors import UserError
+from ..jsonsafe import jsonable
 from ..workload import Workload
 from ..units import format_bytes
 from . import precision as prec
@@ -296,7 +297,8 @@ def run_speedup(
         del runners[p]
     release(dev)
     _emit(progress, 1.0, verdict.recommendation)
-    return _json_safe({
+    # NaN/inf (a diverged loss, a zero-time step) become null: there, they only mean "no number".
+    return jsonable({
         "device": info,
         "spec": spec,
         "settings": {
@@ -312,18 +314,7 @@ def run_speedup(
         "errors": errors,
         "verdict": verdict.to_dict(),
         "findings": [f.to_dict() for f in verdict.findings],
-    })
-
-
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf (a diverged loss, a zero-time step) become None: the result must be valid JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
+    }, nonfinite="null")
 
 
 def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """AMP121 misaligned-layer-dims."""
 import ast
 
+from ...hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
 from ..analysis import walk, tail
 from .base import Hit, Rule
 
@@ -8,10 +9,6 @@ _LAYERS = {"Linear": ("in_features", "out_features"), "Conv1d": ("in_channels", 
            "Conv2d": ("in_channels", "out_channels"), "Conv3d": ("in_channels", "out_channels"),
            "ConvTranspose1d": ("in_channels", "out_channels"), "ConvTranspose2d": ("in_channels", "out_channels"),
            "ConvTranspose3d": ("in_channels", "out_channels"), "Embedding": ("num_embeddings", "embedding_dim")}
-
-
-def _pad(v: int, k: int) -> int:
-    return (v + k - 1) // k * k
 
 
 class MisalignedLayerDims(Rule):
@@ -54,9 +51,11 @@ self.lm_head = nn.Linear(768, 50304)  # vocab padded to a multiple of 64
                 if not (isinstance(v, ast.Constant) and isinstance(v.value, int)) or isinstance(v.value, bool):
                     continue
                 size = v.value
-                k = 64 if (t == "Embedding" and i == 0) or (t == "Linear" and i == 1 and size > 1000) else 8
-                if size < 8 or size % k == 0:
+                is_vocab = (t == "Embedding" and i == 0) or (t == "Linear" and i == 1 and size > 1000)
+                k = VOCAB_MULTIPLE if is_vocab else HALF_MULTIPLE
+                if size < HALF_MULTIPLE or size % k == 0:
                     continue
-                what = "vocabulary size" if k == 64 else pname
-                yield Hit.at(v, f"`{t}` {what} {size} is not a multiple of {k}: pad to {_pad(size, k)} for tensor cores",
-                             f"use {_pad(size, k)} instead of {size}", padded=_pad(size, k))
+                what = "vocabulary size" if is_vocab else pname
+                padded = padded_size(size, k)
+                yield Hit.at(v, f"`{t}` {what} {size} is not a multiple of {k}: pad to {padded} for tensor cores",
+                             f"use {padded} instead of {size}", padded=padded)
