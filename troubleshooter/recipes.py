@@ -1,4 +1,4 @@
-"""Render the recipe library (`recipes/`) into a training script for a chosen set of options.
+"""Render the recipe library (`troubleshooter/recipes_data/`) into a training script for a chosen set of options.
 
 The template is a runnable Python file. Optional code sits between marker comments:
 
@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
+from importlib import resources
 
 import yaml
 
 from .errors import UserError
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+# Package data, so an installed wheel renders recipes from any folder.
+RECIPES_DIR = resources.files("troubleshooter") / "recipes_data"
 
 _MARKER = re.compile(r"^\s*# \[(?:option: (?P<cond>[^\]]+)|(?P<word>else|end))\]\s*$")
 _DORMANT = re.compile(r"^(\s*)#\| ?")
