@@ -3,9 +3,12 @@
 Importing the package stays cheap (no torch import) so the linter and questionnaire work
 without touching the GPU stack. `nanhunt` is loaded on first use.
 """
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written; pyproject.toml reads it from here
 
-__all__ = ["__version__", "nanhunt"]
+# Where people find the tool; SARIF's tool.driver.informationUri points here.
+HOMEPAGE = "https://pypi.org/project/amp-troubleshooter/"
+
+__all__ = ["__version__", "HOMEPAGE", "nanhunt"]
 
 
 def __getattr__(name):

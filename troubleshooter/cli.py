@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -15,7 +16,12 @@ from . import __version__, commands
 from .errors import UserError
 
 # Order in `--help`: the four user actions first, then helpers.
-_ORDER = ["lint", "rules", "check", "capability", "inspect", "speedup", "ask", "explain", "recipe"]
+_ORDER = ["lint", "rules", "check", "capability", "inspect", "speedup", "ask", "explain", "recipe", "app"]
+
+# Heavy libraries only some commands need, and the extra that installs each
+# (`pip install 'amp-troubleshooter[engine]'`); the base install is the linter alone.
+_EXTRA_FOR = {"torch": "engine", "numpy": "engine", "matplotlib": "engine", "pydantic": "engine",
+              "gradio": "app", "gradio_client": "app"}
 
 
 def _command_modules():
@@ -24,9 +30,28 @@ def _command_modules():
     return [importlib.import_module(f"{commands.__name__}.{n}") for n in names]
 
 
+def _prog() -> str:
+    """`amp-troubleshooter` when run as the console script, `python -m troubleshooter` otherwise."""
+    name = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    return "python -m troubleshooter" if name in ("", "__main__.py", "-c", "-m") or name.endswith(".py") \
+        else name.removesuffix(".exe")
+
+
+def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """A readable answer when a command needs a library the lint-only install leaves out."""
+    top = (exc.name or "").split(".")[0]
+    extra = _EXTRA_FOR.get(top)
+    if extra is None:
+        return None
+    what = f"`{command}`" if command else "this command"
+    return (f"{what} needs {top}, which is not installed here. Install it with "
+            f"pip install 'amp-troubleshooter[{extra}]' (or pip install -r requirements.txt in a checkout); "
+            "lint, rules, explain, recipe and ask work without it.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m troubleshooter",
+        prog=_prog(),
         description="AMP Troubleshooter: diagnose and fix PyTorch FP16/BF16 mixed-precision training.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -37,16 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["app"]:  # every later argument, --help included, belongs to the app's own parser
+        from .commands.app import launch
+        return _guarded(lambda: launch(argv[1:]), "app")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    return _guarded(lambda: args.func(args), args.command)
+
+
+def _guarded(call, command: str | None) -> int:
+    """Run a command: user errors and missing optional libraries become one line and an exit status."""
     try:
-        return int(args.func(args) or 0)
+        return int(call() or 0)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc, command)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,65 @@
+"""`amp-troubleshooter app [--host ...]`: serve the web page and its Gradio API.
+
+The same server as `python app.py` with the same options (`amp-troubleshooter app --help`).
+It builds the page from `troubleshooter.ui.page.build_demo()` where the package has it (an
+installed wheel); in a checkout without it, it runs the checkout's app.py with the same argv.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import runpy
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "app", help="serve the web page and its Gradio API (options: amp-troubleshooter app --help)",
+        description="Serve the AMP Troubleshooter page; every option of `python app.py` works here.",
+        add_help=False)
+    p.add_argument("app_args", nargs=argparse.REMAINDER, help="--host, --port, --auth, --allow-exec, ...")
+    p.set_defaults(func=lambda args: launch(args.app_args))
+
+
+def _checkout_app() -> Path | None:
+    """app.py next to the package, when the package runs from a source checkout."""
+    candidate = Path(__file__).resolve().parents[2] / "app.py"
+    return candidate if candidate.is_file() else None
+
+
+def launch(argv: list[str]) -> int:
+    try:
+        import gradio  # noqa: F401  (fail here, with the install hint, not deep in the page)
+    except ModuleNotFoundError:
+        raise UserError("the app needs gradio, which is not installed here: "
+                        "pip install 'amp-troubleshooter[app]' (or pip install -r requirements.txt)") from None
+    page_name = f"{__package__.rsplit('.', 1)[0]}.ui.page"
+    if importlib.util.find_spec(page_name) is not None:
+        page = importlib.import_module(page_name)
+        if hasattr(page, "build_demo"):
+            return _serve(page, argv)
+    app_py = _checkout_app()
+    if app_py is None:
+        raise UserError("this installation has no page to serve (no troubleshooter.ui.page); "
+                        "run `python app.py` from a checkout instead")
+    sys.argv = [str(app_py), *argv]
+    runpy.run_path(str(app_py), run_name="__main__")  # app.py exits with its own status
+    return 0
+
+
+def _serve(page, argv: list[str]) -> int:
+    from ..ui import server
+
+    settings = server.settings_or_exit(argv)
+    server.apply(settings)  # before building: the layout reads the settings (e.g. --allow-exec)
+    if not server.is_loopback(settings.host) and settings.auth is None:
+        print(f"warning: serving on {settings.host} without --auth: anyone who can reach the port can use it",
+              file=sys.stderr)
+    demo = page.build_demo()
+    extra = {"css": page.CSS} if getattr(page, "CSS", None) else {}
+    demo.launch(**server.launch_kwargs(settings), **extra)
+    return 0
