@@ -5,6 +5,7 @@ import json
 
 from ..findings import Finding
 from .engine import LintReport
+from .sarif import format_sarif
 
 _GH_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
@@ -63,4 +64,4 @@ def format_json(report: LintReport) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
 
 
-FORMATS = {"text": format_text, "github": format_github, "json": format_json}
+FORMATS = {"text": format_text, "github": format_github, "json": format_json, "sarif": format_sarif}

@@ -1,0 +1,116 @@
+"""[tool.amp-troubleshooter] in pyproject.toml: select/ignore/per-file-ignores; the CLI overrides it."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.cli import main
+from troubleshooter.errors import UserError
+from troubleshooter.lint.config import find_pyproject, load_config
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lint"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project with an AMP101 (error) script, an AMP117 (warning) script and a test copy."""
+    shutil.copy(FIXTURES / "bad_AMP101.py", tmp_path / "train.py")
+    shutil.copy(FIXTURES / "bad_AMP117.py", tmp_path / "loss.py")
+    (tmp_path / "tests").mkdir()
+    shutil.copy(FIXTURES / "bad_AMP101.py", tmp_path / "tests" / "test_train.py")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_config(root: Path, body: str) -> None:
+    (root / "pyproject.toml").write_text('[project]\nname = "demo"\n\n[tool.amp-troubleshooter]\n' + body)
+
+
+def rules_by_file(capsys, *argv) -> tuple[int, dict]:
+    code = main(["lint", ".", "--format", "json", *argv])
+    out = capsys.readouterr().out
+    found: dict = {}
+    for f in json.loads(out)["findings"]:
+        found.setdefault(Path(f["path"]).as_posix().removeprefix("./"), set()).add(f["rule"])
+    return code, found
+
+
+def test_without_config_every_rule_runs(project, capsys):
+    code, found = rules_by_file(capsys)
+    assert code == 1
+    assert found == {"train.py": {"AMP101"}, "loss.py": {"AMP117"}, "tests/test_train.py": {"AMP101"}}
+
+
+def test_select_ignore_and_per_file_ignores_apply(project, capsys):
+    write_config(project, 'ignore = ["AMP117"]\nper-file-ignores = { "tests/*" = ["AMP101"] }\n')
+    code, found = rules_by_file(capsys)
+    assert found == {"train.py": {"AMP101"}} and code == 1
+    write_config(project, 'select = ["AMP11"]\n')
+    assert rules_by_file(capsys)[1] == {"loss.py": {"AMP117"}}
+
+
+def test_a_pattern_without_slash_matches_the_file_name(project, capsys):
+    write_config(project, 'per-file-ignores = { "test_*.py" = ["AMP1"], "loss.py" = ["ALL"] }\n')
+    assert rules_by_file(capsys)[1] == {"train.py": {"AMP101"}}
+
+
+def test_cli_select_and_ignore_replace_the_files_lists(project, capsys):
+    write_config(project, 'ignore = ["AMP117"]\nselect = ["AMP101"]\n')
+    assert rules_by_file(capsys)[1] == {"train.py": {"AMP101"}, "tests/test_train.py": {"AMP101"}}
+    assert rules_by_file(capsys, "--select", "AMP117")[1] == {}  # the file's ignore still holds
+    assert rules_by_file(capsys, "--select", "AMP117", "--ignore", "AMP101")[1] == {"loss.py": {"AMP117"}}
+    assert rules_by_file(capsys, "--isolated")[1] == {"train.py": {"AMP101"}, "loss.py": {"AMP117"},
+                                                       "tests/test_train.py": {"AMP101"}}
+
+
+def test_config_is_found_from_a_subfolder_and_by_path(project, capsys, monkeypatch):
+    write_config(project, 'ignore = ["AMP101"]\n')
+    (project / "tests" / "pyproject.toml").write_text('[tool.black]\nline-length = 99\n')  # not ours: skipped
+    monkeypatch.chdir(project / "tests")
+    assert find_pyproject() == project / "pyproject.toml"
+    assert main(["lint", "test_train.py"]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(project.parent)
+    assert load_config(project / "pyproject.toml").ignore == ["AMP101"]
+    assert main(["lint", str(project / "train.py"), "--config", str(project / "pyproject.toml")]) == 0
+
+
+def test_exit_zero_keeps_findings_but_not_the_status(project, capsys):
+    assert main(["lint", "train.py", "--exit-zero"]) == 0
+    assert "AMP101" in capsys.readouterr().out
+    assert main(["lint", "missing.py", "--exit-zero"]) == 2  # an unreadable input still fails
+
+
+def test_fix_respects_per_file_ignores(project, capsys):
+    from troubleshooter.lint import fix_text
+
+    assert fix_text((project / "train.py").read_text(), path="train.py").applied, "AMP101 has a mechanical fix"
+    write_config(project, 'per-file-ignores = { "tests/*" = ["AMP101"] }\n')
+    before = (project / "tests" / "test_train.py").read_text()
+    main(["lint", "tests/test_train.py", "train.py", "--fix"])
+    capsys.readouterr()
+    assert (project / "tests" / "test_train.py").read_text() == before
+    assert (project / "train.py").read_text() != before
+
+
+@pytest.mark.parametrize("body, message", [
+    ('ignore = ["AMP999"]\n', "unknown rule id AMP999"),
+    ('select = "AMP101"\nexclude = ["x"]\n', "unknown key exclude"),
+    ('ignore = [1]\n', "must be a list of rule ids"),
+    ('per-file-ignores = ["tests/*"]\n', "per-file-ignores must be a table"),
+    ('ignore = [\n', "not valid TOML"),
+])
+def test_bad_settings_are_one_clear_error(project, capsys, body, message):
+    write_config(project, body)
+    with pytest.raises(UserError, match=message):
+        load_config(project / "pyproject.toml")
+    if message != "not valid TOML":  # a broken file is skipped by the search; named with --config it fails
+        assert main(["lint", "train.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_comma_string_is_accepted_like_the_cli(project):
+    write_config(project, 'select = "AMP101, AMP11"\n')
+    assert load_config().select == ["AMP101", "AMP11"]
