@@ -33,8 +33,7 @@ def _command_modules():
 def _prog() -> str:
     """`amp-troubleshooter` when run as the console script, `python -m troubleshooter` otherwise."""
     name = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
-    return "python -m troubleshooter" if name in ("", "__main__.py", "-c", "-m") or name.endswith(".py") \
-        else name.removesuffix(".exe")
+    return "amp-troubleshooter" if name.startswith("amp-troubleshooter") else "python -m troubleshooter"
 
 
 def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str | None:
