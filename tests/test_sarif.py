@@ -20,7 +20,10 @@ SCHEMA = json.loads((ROOT / "tests" / "sarif-schema-2.1.0.json").read_text())
 
 
 def validate(log: dict) -> None:
+    """The official schema, plus what GitHub code scanning adds: every result has a start line."""
     jsonschema.Draft4Validator(SCHEMA).validate(log)
+    for r in log["runs"][0]["results"]:
+        assert r["locations"][0]["physicalLocation"]["region"]["startLine"] >= 1
 
 
 def sarif_cli(capsys, monkeypatch, cwd: Path, *paths: str) -> tuple[int, dict]:
@@ -106,18 +109,25 @@ def test_notebook_index_steps_over_markdown_cells_and_escapes():
         assert lines[first.file_line - 1][at - 1:].startswith(col)
 
 
-def test_notebook_stored_as_one_string_is_located_at_the_file_only(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("indent", [1, None], ids=["one-string-source", "minified"])
+def test_notebook_in_another_layout_points_at_its_cells_source(tmp_path, capsys, monkeypatch, indent):
+    """Code scanning needs a line on every result: where the cell's source starts, else line 1."""
     src = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
-    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": src}],
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# notes"},
+                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": src}],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    (tmp_path / "one.ipynb").write_text(json.dumps(nb))
+    text = json.dumps(nb, indent=indent)
+    (tmp_path / "one.ipynb").write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if '"source": "import torch' in t)
+    assert line > 1 if indent else line == 1
     _, log = sarif_cli(capsys, monkeypatch, tmp_path, "one.ipynb")
     validate(log)
     results = log["runs"][0]["results"]
     assert results, "the deprecated GradScaler spelling is a finding"
     for r in results:
         physical = r["locations"][0]["physicalLocation"]
-        assert physical["artifactLocation"]["uri"] == "one.ipynb" and "region" not in physical
+        assert physical["artifactLocation"]["uri"] == "one.ipynb"
+        assert physical["region"] == {"startLine": line}
         assert "(cell 1, line 2)" in r["message"]["text"]
 
 

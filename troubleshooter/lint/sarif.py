@@ -3,8 +3,8 @@
 Paths become URIs relative to the working folder (`%SRCROOT%`), so an upload from the
 repository root points at the right files. A notebook finding points at the line of the
 `.ipynb` file that holds its cell's source line, when the notebook stores its source in the
-usual one-string-per-line layout; otherwise at the notebook itself, and the message names the
-cell. Inputs that could not be linted become tool execution notifications, not results.
+usual one-string-per-line layout; otherwise at the line where that cell's source starts. The
+message names the cell either way. Inputs that could not be linted become tool execution notifications, not results.
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def notebook_line_index(raw: str) -> dict[tuple[int, int], CellLine]:
     """(code-cell number, line in cell) -> CellLine, for the layout nbformat writes.
 
     That layout is `"source": [` then one JSON string per line. Code cells count from 1 like
-    the linter's cell numbers. A cell stored any other way is left out of the index.
+    the linter's cell numbers. Key (cell, None) holds the line where the cell's source starts:
+    the place to point at when a cell is stored any other way (one string, a minified file).
     """
     try:
         cells = json.loads(raw).get("cells", [])
@@ -85,11 +86,15 @@ def notebook_line_index(raw: str) -> dict[tuple[int, int], CellLine]:
         is_code = cell.get("cell_type") == "code"
         code_no += is_code
         source = cell.get("source")
-        if not isinstance(source, list) or not all(isinstance(s, str) for s in source):
-            continue  # a one-string source: this cell's lines are not indexed
-        start = next((i for i in range(cursor, len(file_lines)) if file_lines[i].strip().startswith('"source": [')), None)
+        start = next((i for i in range(cursor, len(file_lines)) if '"source":' in file_lines[i]), None)
         if start is None:
             break
+        if is_code:  # the fallback for lines not indexed below: the line where the cell's source starts
+            index[(code_no, None)] = CellLine(start + 1, None)
+        if not (isinstance(source, list) and all(isinstance(s, str) for s in source)
+                and file_lines[start].strip() == '"source": ['):
+            cursor = start + 1  # one string, or not nbformat's layout: only the fallback line
+            continue
         cursor, inner, entries = start + 1, 0, {}
         if not is_code:  # markdown/raw cells: step over their source lines
             cursor += len(source)
@@ -119,9 +124,10 @@ def _region(f: Finding, notebooks: dict[str, dict]) -> dict | None:
         if loc.column:
             region["startColumn"] = loc.column
         return region
-    where = notebooks.get(loc.path or "", {}).get((loc.cell, loc.line))
-    if where is None:
-        return None
+    cells = notebooks.get(loc.path or "", {})
+    where = cells.get((loc.cell, loc.line)) or cells.get((loc.cell, None))
+    if where is None:  # code scanning needs a line: the file's first, the message names the cell
+        return {"startLine": 1}
     region = {"startLine": where.file_line}
     column = where.file_column(loc.column) if loc.column else None
     if column:
