@@ -196,6 +196,7 @@ def to_sarif(report: LintReport, root: str | os.PathLike | None = None) -> dict:
             "originalUriBaseIds": {SRCROOT: {"uri": base.as_uri() + "/"}},
             "invocations": [{
                 "executionSuccessful": not report.errors,
+                "workingDirectory": {"uri": base.as_uri() + "/"},
                 "toolExecutionNotifications": [_notification(e, base) for e in report.errors],
             }],
             "results": [_result(f, index, base, notebooks) for f in report.findings],
