@@ -4,7 +4,8 @@ Paths become URIs relative to the working folder (`%SRCROOT%`), so an upload fro
 repository root points at the right files. A notebook finding points at the line of the
 `.ipynb` file that holds its cell's source line, when the notebook stores its source in the
 usual one-string-per-line layout; otherwise at the line where that cell's source starts. The
-message names the cell either way. Inputs that could not be linted become tool execution notifications, not results.
+message names the cell either way. Every result has a start line (code scanning requires one).
+Inputs that could not be linted become tool execution notifications, not results.
 """
 from __future__ import annotations
 
@@ -115,10 +116,10 @@ def notebook_line_index(raw: str) -> dict[tuple[int, int], CellLine]:
     return index
 
 
-def _region(f: Finding, notebooks: dict[str, dict]) -> dict | None:
+def _region(f: Finding, notebooks: dict[str, dict]) -> dict:
     loc = f.location
     if loc.line is None:
-        return None
+        return {"startLine": 1}
     if loc.cell is None:
         region = {"startLine": loc.line}
         if loc.column:
@@ -147,13 +148,10 @@ def _notebook_indexes(report: LintReport) -> dict[str, dict]:
 
 def _result(f: Finding, index: dict[str, int], root: Path, notebooks: dict[str, dict]) -> dict:
     loc = f.location
-    text = f"{f.message}. Fix: {f.suggestion}" if f.suggestion else f.message
+    text = f"{f.message.rstrip('.')}. Fix: {f.suggestion}" if f.suggestion else f.message
     if loc.cell is not None:
         text += f" (cell {loc.cell}, line {loc.line})"
-    physical: dict = {"artifactLocation": artifact_location(loc.path, root)}
-    region = _region(f, notebooks)
-    if region:
-        physical["region"] = region
+    physical = {"artifactLocation": artifact_location(loc.path, root), "region": _region(f, notebooks)}
     result = {
         "ruleId": f.rule,
         "level": LEVEL[f.severity.value],
