@@ -96,7 +96,8 @@ def test_fix_respects_per_file_ignores(project, capsys):
 
 @pytest.mark.parametrize("body, message", [
     ('ignore = ["AMP999"]\n', "unknown rule id AMP999"),
-    ('select = "AMP101"\nexclude = ["x"]\n', "unknown key exclude"),
+    ('select = "AMP101"\nextend-exclude = ["x"]\n', "unknown key extend-exclude"),
+    ('exclude = [3]\n', "must be a list of glob patterns"),
     ('ignore = [1]\n', "must be a list of rule ids"),
     ('per-file-ignores = ["tests/*"]\n', "per-file-ignores must be a table"),
     ('ignore = [\n', "not valid TOML"),
@@ -109,6 +110,21 @@ def test_bad_settings_are_one_clear_error(project, capsys, body, message):
         assert main(["lint", "train.py"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_exclude_drops_findings_and_read_errors_of_matching_files(project, capsys):
+    (project / "vendored").mkdir()
+    shutil.copy(FIXTURES / "bad_AMP101.py", project / "vendored" / "old.py")
+    (project / "vendored" / "py2.py").write_text("print 'hello'\n")  # not Python 3: a read error
+    code, found = rules_by_file(capsys)
+    assert code == 2 and "vendored/old.py" in found
+    write_config(project, 'exclude = ["vendored", "loss.py"]\n')
+    code, found = rules_by_file(capsys)
+    assert code == 1 and found == {"train.py": {"AMP101"}, "tests/test_train.py": {"AMP101"}}
+    # named on the command line (as pre-commit does), an excluded file is still skipped
+    assert main(["lint", "vendored/py2.py", "loss.py"]) == 0
+    capsys.readouterr()
+    assert rules_by_file(capsys, "--exclude", "tests/*,vendored")[1] == {"train.py": {"AMP101"}, "loss.py": {"AMP117"}}
 
 
 def test_comma_string_is_accepted_like_the_cli(project):

@@ -20,6 +20,8 @@ def register(subparsers) -> None:
                                                    "replaces `select` from pyproject.toml")
     p.add_argument("--ignore", metavar="IDS", help="skip these rules: comma list of ids or prefixes; "
                                                    "replaces `ignore` from pyproject.toml")
+    p.add_argument("--exclude", metavar="GLOBS", help="skip files matching these comma-separated globs "
+                                                      "(third_party,legacy/*.py); replaces `exclude` from pyproject.toml")
     p.add_argument("--config", metavar="PYPROJECT", help="read [tool.amp-troubleshooter] from this file "
                                                          "(default: the nearest pyproject.toml that has it)")
     p.add_argument("--isolated", action="store_true", help="ignore pyproject.toml settings")
@@ -39,6 +41,8 @@ def _settings(args: argparse.Namespace):
         config.select = args.select
     if args.ignore is not None:
         config.ignore = args.ignore
+    if args.exclude is not None:
+        config.exclude = [g.strip() for g in args.exclude.split(",") if g.strip()]
     return config
 
 
@@ -51,7 +55,7 @@ def _lint(paths: list[str], config):
     from ..lint import lint_paths
 
     report = lint_paths(paths, select=config.select, ignore=config.ignore)
-    config.drop_per_file_ignores(report)
+    config.apply(report)
     return report
 
 
@@ -76,7 +80,7 @@ def _fix(args: argparse.Namespace, config) -> int:
     active_rules(config.select, config.ignore)  # validate ids before touching files
     status = 0
     for path, item in iter_inputs(list(args.paths)):
-        if isinstance(item, LintError) or item.cell_map is not None:
+        if isinstance(item, LintError) or item.cell_map is not None or config.is_excluded(path):
             continue  # unreadable inputs are reported by the lint below; notebooks are not rewritten
         ignore = config.ignore
         if path != "-" and config.ignored_for(path):  # the CLI gives "AMP1,AMP2"; both forms parse alike

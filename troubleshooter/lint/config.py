@@ -4,11 +4,12 @@
     select = ["AMP1"]                       # rule ids or prefixes; default: every rule
     ignore = ["AMP117"]
     per-file-ignores = { "tests/*" = ["AMP101"], "notebooks/*.ipynb" = ["AMP11"] }
+    exclude = ["third_party", "legacy/*.py"]   # not reported at all, even when named on the command line
 
 The file is the nearest pyproject.toml with that table, from the working folder upwards (or the
-one `--config` names). Per-file patterns are shell globs matched against the path relative to
-the file's folder; a pattern without `/` also matches the file name alone. `--select` and
-`--ignore` on the command line replace the file's lists.
+one `--config` names). Patterns are shell globs matched against the path relative to the file's
+folder; a pattern without `/` also matches any single file or folder name in that path.
+`--select`, `--ignore` and `--exclude` on the command line replace the file's lists.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..errors import UserError
 from .engine import all_rules
 
 TABLE = "amp-troubleshooter"
-KEYS = ("select", "ignore", "per-file-ignores")
+KEYS = ("select", "ignore", "per-file-ignores", "exclude")
 
 
 @dataclass
@@ -34,38 +35,48 @@ class LintConfig:
     select: list[str] | None = None
     ignore: list[str] | None = None
     per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
+    exclude: list[str] = field(default_factory=list)
     source: Path | None = None  # the pyproject.toml read, None when there was none
 
     @property
     def root(self) -> Path:
         return self.source.parent if self.source else Path.cwd()
 
-    def ignored_for(self, path: str | None) -> list[str]:
-        """Rule ids/prefixes `per-file-ignores` switches off for this file."""
-        if not path or not self.per_file_ignores:
-            return []
+    def _matches(self, path: str, pattern: str) -> bool:
+        """Glob against the path relative to the config's folder; without `/`, against any name in it."""
         absolute = Path(path).resolve()
         try:
-            rel = absolute.relative_to(self.root.resolve()).as_posix()
+            rel = absolute.relative_to(self.root.resolve())
         except ValueError:
-            rel = absolute.as_posix()
-        out: list[str] = []
-        for pattern, ids in self.per_file_ignores.items():
-            if fnmatch.fnmatch(rel, pattern) or ("/" not in pattern and fnmatch.fnmatch(absolute.name, pattern)):
-                out += ids
-        return out
+            rel = absolute
+        if fnmatch.fnmatch(rel.as_posix(), pattern):
+            return True
+        return "/" not in pattern and any(fnmatch.fnmatch(part, pattern) for part in rel.parts)
 
-    def drop_per_file_ignores(self, report) -> int:
-        """Remove from a LintReport the findings `per-file-ignores` switches off; returns how many."""
-        cache: dict[str | None, list[str]] = {}
-        kept = []
-        for f in report.findings:
-            ids = cache.setdefault(f.location.path, self.ignored_for(f.location.path))
-            if not any(i == "ALL" or f.rule.startswith(i) for i in ids):
-                kept.append(f)
-        dropped = len(report.findings) - len(kept)
-        report.findings = kept
-        return dropped
+    def ignored_for(self, path: str | None) -> list[str]:
+        """Rule ids/prefixes `per-file-ignores` switches off for this file."""
+        if not path or path == "-" or not self.per_file_ignores:
+            return []
+        return [i for pattern, ids in self.per_file_ignores.items() if self._matches(path, pattern) for i in ids]
+
+    def is_excluded(self, path: str | None) -> bool:
+        return bool(path) and path != "-" and any(self._matches(path, p) for p in self.exclude)
+
+    def apply(self, report) -> None:
+        """Drop from a LintReport what `exclude` (findings and read errors) and `per-file-ignores` remove."""
+        ignored: dict[str | None, list[str]] = {}
+        excluded: dict[str | None, bool] = {}
+
+        def keep(f) -> bool:
+            path = f.location.path
+            if path not in excluded:
+                excluded[path] = self.is_excluded(path)
+                ignored[path] = self.ignored_for(path)
+            return not excluded[path] and not any(i == "ALL" or f.rule.startswith(i) for i in ignored[path])
+
+        report.findings = [f for f in report.findings if keep(f)]
+        if self.exclude:
+            report.errors = [e for e in report.errors if not self.is_excluded(e.path)]
 
 
 def find_pyproject(start: str | os.PathLike | None = None) -> Path | None:
@@ -105,6 +116,14 @@ def _ids(value, where: str) -> list[str]:
     return ids
 
 
+def _globs(value, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where} must be a list of glob patterns, e.g. [\"third_party/*\", \"legacy.py\"]")
+    return [v.strip() for v in value if v.strip()]
+
+
 def load_config(path: str | os.PathLike | None = None, start: str | os.PathLike | None = None) -> LintConfig:
     """Settings from `path` (must exist), or from the nearest pyproject.toml; empty when none."""
     if path is not None:
@@ -130,5 +149,6 @@ def load_config(path: str | os.PathLike | None = None, start: str | os.PathLike 
         select=_ids(table["select"], f"{where} select") if "select" in table else None,
         ignore=_ids(table["ignore"], f"{where} ignore") if "ignore" in table else None,
         per_file_ignores={str(k): _ids(v, f"{where} per-file-ignores {k!r}") for k, v in per_file.items()},
+        exclude=_globs(table.get("exclude", []), f"{where} exclude"),
         source=source,
     )
