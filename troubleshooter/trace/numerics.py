@@ -1,0 +1,213 @@
+"""Where a traced run goes non-finite: the nanhunt hooks of the engine, attached to the model
+the optimizer trains.
+
+With `--nan` the hooks are on from the first forward and analyse every step (device-side
+min/max, one host sync per step). Without it nothing is hooked: when a step's loss is
+non-finite or GradScaler skips it, the hooks are attached for the next few steps and localise
+the first non-finite module when it happens again, so plain tracing costs nothing extra.
+`--headroom` measures how many gradient elements the loss scale leaves below float16's range.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from ..engine.nanhooks import HookSet, number
+from .locate import is_user_file
+from .recorder import Recorder
+
+RECHECK_STEPS = 3  # plain mode: steps hooked after a non-finite or skipped one
+MAX_EVENTS = 50
+MAX_ARMS = 3  # plain mode: times the hooks are attached after a non-finite or skipped step
+FP16_TINY = 2.0 ** -24  # smallest float16 subnormal: scaled gradients below it become 0
+
+
+def _precision(autocast: str | None, dtype: str | None) -> str:
+    d = autocast or dtype or "float32"
+    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(d, d)
+
+
+class Numerics:
+    """Attaches HookSets, collects one report per step, keeps the non-finite events."""
+
+    def __init__(self, rec: Recorder, nan: bool, headroom: bool):
+        self.rec = rec
+        self.nan = nan
+        self.headroom = headroom
+        self.hooks: HookSet | None = None
+        self.model: nn.Module | None = None
+        self.mode = "nan" if nan else "on-demand"
+        self.events: list[dict] = []
+        self.rechecks_left = 0
+        self.arms_left = MAX_ARMS
+        self.rechecked_steps: list[int] = []
+        self.checked_steps = 0
+        self.params_nonfinite: list[str] = []
+        self.headroom_steps: list[dict] = []
+        self._discover = None
+        if nan:
+            self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
+
+    # -- finding the model -----------------------------------------------------------------
+    def _first_forward(self, module: nn.Module, args: tuple) -> None:
+        """--nan: the outermost module of the first forward with trainable parameters."""
+        if self.hooks is not None or not any(p.requires_grad for p in module.parameters()):
+            return None
+        self._remove_discovery()
+        self._attach(module)
+        self.hooks._pre(0, module, args, {})  # its own pre-hook was added too late for this call
+        return None
+
+    def _remove_discovery(self) -> None:
+        if self._discover is not None:
+            self._discover.remove()
+            self._discover = None
+
+    def _attach(self, model: nn.Module) -> None:
+        self.model = model
+        self.hooks = HookSet(model).attach()
+
+    def _detach(self) -> None:
+        if self.hooks is not None:
+            self.hooks.detach()
+            self.hooks = None
+
+    def trained_model(self) -> nn.Module | None:
+        """The module owning most of the parameters the optimizers update (the root on ties)."""
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if not params:
+            return None
+        best, best_key = None, (0, 0)
+        for obj in gc.get_objects():
+            if issubclass(type(obj), nn.Module):  # type(), not isinstance: no __class__ lookups on odd objects
+                try:
+                    hit = sum(1 for p in obj.parameters() if id(p) in params)
+                except Exception:  # noqa: BLE001 - a half-built module
+                    continue
+                if hit:
+                    key = (hit, sum(1 for _ in obj.modules()))
+                    if key > best_key:
+                        best, best_key = obj, key
+        return best
+
+    # -- per step ----------------------------------------------------------------------------
+    def on_step(self, rec: Recorder, step: dict) -> None:
+        if self.headroom:
+            self._measure_headroom(step)
+        if self.hooks is not None:
+            self._collect(step)
+        if self.nan and self.hooks is None and rec.optimizers:
+            model = self.trained_model()  # the model was not called as a module, or another one was
+            if model is not None:
+                self._remove_discovery()
+                self._attach(model)
+        if not self.nan and self.hooks is None and self.arms_left > 0 and _nonfinite_step(step) \
+                and not any(not e["skipped"] for e in self.events):
+            self.arms_left -= 1
+            model = self.trained_model()
+            if model is not None:
+                self.params_nonfinite = _nonfinite_params(model)
+                self._attach(model)
+                self.rechecks_left = RECHECK_STEPS
+
+    def _collect(self, step: dict) -> None:
+        report = self.hooks.collect()
+        self.checked_steps += 1
+        if not self.nan:
+            self.rechecked_steps.append(step["step"])
+            self.rechecks_left -= 1
+        if self.nan and step["step"] == 0 and self.rec.optimizers:
+            self._check_model_is_trained()
+        if not report.finite and len(self.events) < MAX_EVENTS:
+            fwd, bwd = report.forward, report.backward
+            dtype = (fwd or bwd or {}).get("dtype")
+            self.events.append({
+                "step": step["step"], "skipped": step["skipped"], "loss": step["loss"],
+                "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
+                "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
+                "mode": self.mode, "parameters_nonfinite_before": self.params_nonfinite[:10],
+                "where": module_source(self.model, (fwd or bwd or {}).get("module")),
+            })
+        done = not self.nan and (self.rechecks_left <= 0 or any(not e["skipped"] for e in self.events))
+        if done:
+            self._detach()
+
+    def _check_model_is_trained(self) -> None:
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if self.model is not None and not any(id(p) in params for p in self.model.parameters()):
+            self._detach()
+            model = self.trained_model()
+            if model is not None:
+                self._attach(model)
+
+    # -- headroom --------------------------------------------------------------------------
+    def _measure_headroom(self, step: dict) -> None:
+        """Share of non-zero gradient elements the step's loss scale leaves below float16's range."""
+        grads = [p.grad for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]
+                 if p.grad is not None and p.grad.is_floating_point()]
+        if not grads or len(self.headroom_steps) >= 1000:
+            return
+        scale = step["scale"] or 1.0
+        tiny = FP16_TINY / scale
+        with torch.no_grad():
+            counts = torch.stack([torch.stack([(g != 0).sum(), ((g != 0) & (g.abs() < tiny)).sum(),
+                                              g.abs().max().float() if g.numel() else torch.zeros(())])
+                                  .to(torch.float64).cpu() for g in grads])
+        nonzero, under = float(counts[:, 0].sum()), float(counts[:, 1].sum())
+        self.headroom_steps.append({
+            "step": step["step"], "scale": step["scale"], "nonzero": int(nonzero), "underflow": int(under),
+            "underflow_share": under / nonzero if nonzero else 0.0,
+            "grad_max_abs": number(float(counts[:, 2].max())), "skipped": step["skipped"],
+        })
+
+    def result(self) -> dict:
+        self._remove_discovery()
+        out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,
+               "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
+               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10]}
+        if self.headroom:
+            out["headroom_steps"] = self.headroom_steps
+        return out
+
+
+def module_source(model: nn.Module | None, name: str | None) -> dict:
+    """File and line of the forward() of the named module's class, or of the nearest enclosing
+    module whose class the user wrote (an nn.Linear inside their Block points at the Block)."""
+    if model is None or name is None:
+        return {}
+    modules = dict(model.named_modules())
+    parts = name.split(".") if name else []
+    while True:
+        module = modules.get(".".join(parts))
+        if module is not None:
+            forward = getattr(type(module), "forward", None)
+            try:
+                path = inspect.getsourcefile(forward)
+                line = inspect.getsourcelines(forward)[1]
+            except (TypeError, OSError):
+                path = line = None
+            if path and is_user_file(path):
+                return {"path": path, "line": line, "class": type(module).__name__,
+                        "module": ".".join(parts)}
+        if not parts:
+            return {}
+        parts.pop()
+
+
+def _nonfinite_step(step: dict) -> bool:
+    loss = step.get("loss")
+    return bool(step.get("skipped")) or isinstance(loss, str) or (
+        isinstance(loss, float) and not math.isfinite(loss))
+
+
+def _nonfinite_params(model: nn.Module) -> list[str]:
+    bad = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                bad.append(name)
+    return bad
