@@ -184,7 +184,24 @@ def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
     if exc:
         findings.append(exception_finding(exc, explained))
     findings += time_limit_finding(raw)
+    findings += exited_finding(raw)
     return findings
+
+
+def exited_finding(raw: dict) -> list[Finding]:
+    """sys.exit(non-zero) before N steps: usually arguments the script did not accept."""
+    ex = raw.get("exit") or {}
+    if ex.get("status") != "exited":
+        return []
+    where = ex.get("where") or {}
+    tail = ((raw.get("process") or {}).get("stderr_tail") or "").strip().splitlines()[-1:] or [""]
+    return [Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR,
+                    f"the script exited with status {ex.get('code')}"
+                    + (f" ({ex['message']})" if ex.get("message") else "")
+                    + f" after {raw.get('steps_observed') or 0} optimizer steps; last stderr line: {tail[0][:300]}",
+                    "Check the arguments passed after `--` and the script's own error message (exit.stderr_tail).",
+                    Location(path=where.get("path"), line=where.get("line")), None,
+                    {"seen": SEEN, "exit_code": ex.get("code")})]
 
 
 def time_limit_finding(raw: dict) -> list[Finding]:

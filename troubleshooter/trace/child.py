@@ -63,8 +63,10 @@ def main(config_path: str) -> None:
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):
+            path, line = user_frame_of_traceback(exc.__traceback__)
             exit_info.update(status="exited", code=code if isinstance(code, int) else 1,
-                             message=None if isinstance(code, int) else str(code))
+                             message=None if isinstance(code, int) else str(code),
+                             where={"path": path, "line": line}, step=rec.steps)
     except BaseException as exc:  # noqa: BLE001 - the script's own failure is what we report
         path, line = user_frame_of_traceback(exc.__traceback__)
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -117,3 +117,19 @@ def severity_counts(report: dict) -> dict[str, Any]:
     for f in report.get("findings") or []:
         counts[f["severity"]] = counts.get(f["severity"], 0) + 1
     return counts
+
+
+def render_github(report: dict) -> str:
+    """GitHub Actions annotations (`::error file=...,line=...::`), one per finding."""
+    from ..lint.output import _GH_LEVEL, _gh_escape
+
+    out = []
+    for f in report.get("findings") or []:
+        props = [f"file={_gh_escape(f['path'], True)}"] if f.get("path") else []
+        if f.get("line"):
+            props.append(f"line={f['line']}")
+        props.append(f"title={_gh_escape(f['rule'] + ' ' + f['name'] + ' (seen at run time)', True)}")
+        module = f" [module '{f['module'] or '<root>'}']" if f.get("module") is not None else ""
+        out.append(f"::{_GH_LEVEL[f['severity']]} {','.join(props)}::"
+                   f"{_gh_escape(f['message'] + module + '. Fix: ' + (f.get('suggestion') or ''))}")
+    return "\n".join(out) + ("\n" if out else "")
