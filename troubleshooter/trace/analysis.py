@@ -13,6 +13,7 @@ from ..engine.nanhunt import _backward_finding, _forward_finding
 from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
+from .numerics import is_real
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
 TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
@@ -104,7 +105,7 @@ def skiprate_findings(series: list[dict], where: dict | None = None) -> list[Fin
 def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
     """AMP202/205/206 from the first non-finite event that is not a GradScaler skip."""
     events = numerics.get("events") or []
-    first = next((e for e in events if not _is_skip(e)), None)
+    first = next((e for e in events if is_real(e)), None)
     if first is None:
         return []
     p = first.get("precision") or "fp32"
@@ -134,11 +135,6 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
     location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
-
-
-def _is_skip(event: dict) -> bool:
-    """A GradScaler skip with a finite forward: normal calibration, counted by AMP204 instead."""
-    return bool(event.get("skipped")) and event.get("forward") is None and not isinstance(event.get("loss"), str)
 
 
 def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:

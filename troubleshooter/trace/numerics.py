@@ -106,7 +106,7 @@ class Numerics:
                 self._remove_discovery()
                 self._attach(model)
         if not self.nan and self.hooks is None and self.arms_left > 0 and _nonfinite_step(step) \
-                and not any(not e["skipped"] for e in self.events):
+                and not any(is_real(e) for e in self.events):
             self.arms_left -= 1
             model = self.trained_model()
             if model is not None:
@@ -132,7 +132,7 @@ class Numerics:
                 "mode": self.mode, "parameters_nonfinite_before": self.params_nonfinite[:10],
                 "where": module_source(self.model, (fwd or bwd or {}).get("module")),
             })
-        done = not self.nan and (self.rechecks_left <= 0 or any(not e["skipped"] for e in self.events))
+        done = not self.nan and (self.rechecks_left <= 0 or any(is_real(e) for e in self.events))
         if done:
             self._detach()
 
@@ -196,6 +196,11 @@ def module_source(model: nn.Module | None, name: str | None) -> dict:
         if not parts:
             return {}
         parts.pop()
+
+
+def is_real(event: dict) -> bool:
+    """Not a GradScaler calibration skip: the forward or the loss itself went non-finite."""
+    return not event.get("skipped") or event.get("forward") is not None or isinstance(event.get("loss"), str)
 
 
 def _nonfinite_step(step: dict) -> bool:

@@ -73,6 +73,16 @@ def _scale_line(report: dict) -> str | None:
             + f"; skipped steps: {', '.join(map(str, skipped)) if skipped else 'none'}")
 
 
+def _short(path: str) -> str:
+    """A path relative to the current directory when it is below it (shorter in tables)."""
+    import os
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
 def render_text(report: dict) -> str:
     """The terminal report: header, findings with file:line, loss scale, exception."""
     out = [_head(report), ""]
@@ -80,7 +90,7 @@ def render_text(report: dict) -> str:
     if not findings:
         out.append("No findings: the AMP protocol looked right on every traced step.")
     for f in findings:
-        where = f"{f['path']}:{f['line']}" if f.get("path") else ""
+        where = f"{_short(f['path'])}:{f['line']}" if f.get("path") else ""
         if f.get("module") is not None:
             where += f" module '{f['module'] or '<root>'}'"
         if f.get("precision"):
@@ -100,8 +110,9 @@ def render_text(report: dict) -> str:
 
 def render_markdown(report: dict) -> str:
     """For the app: the header, the findings table (marked as seen at run time), loss scale."""
-    findings = [Finding.from_dict(f) for f in report.get("findings") or []]
-    parts = [_head(report).replace("`", "`", 2), "", findings_to_markdown(findings, "Seen at run time")]
+    findings = [Finding.from_dict({**f, "path": _short(f["path"]) if f.get("path") else None})
+                for f in report.get("findings") or []]
+    parts = [_head(report), "", findings_to_markdown(findings, "Seen at run time")]
     line = _scale_line(report)
     if line:
         parts.append(line)

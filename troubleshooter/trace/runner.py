@@ -87,6 +87,7 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
             except OSError as exc:
                 raise UserError(f"cannot start {script}: {exc}") from None
             timed_out, wall = _wait(proc, timeout_s, result_path, steps, progress)
+            _kill_leftovers(proc)
         raw = _read(result_path)
         raw["process"] = {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 3),
                           "stdout_tail": _tail(out_path), "stderr_tail": _tail(err_path)}
@@ -124,6 +125,14 @@ def _stop(proc) -> None:
         except subprocess.TimeoutExpired:
             continue
     try:  # the group may outlive the child (DataLoader workers)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_leftovers(proc) -> None:
+    """Processes the script started (DataLoader workers) must not outlive the trace."""
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
