@@ -164,6 +164,11 @@ class Numerics:
             "grad_max_abs": number(float(counts[:, 2].max())), "skipped": step["skipped"],
         })
 
+    def close(self) -> None:
+        """Remove every hook this object added."""
+        self._remove_discovery()
+        self._detach()
+
     def result(self) -> dict:
         self._remove_discovery()
         out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,

@@ -17,15 +17,40 @@ from torch import nn
 from .recorder import Recorder
 
 
+_undo: list = []  # (owner, name, original value) in installation order
+
+
+def _set(owner, name: str, value) -> None:
+    _undo.append((owner, name, owner.__dict__[name] if name in vars(owner) else getattr(owner, name)))
+    setattr(owner, name, value)
+
+
 def _wrap(owner, name: str, make):
     original = getattr(owner, name)
     wrapped = make(original)
     functools.update_wrapper(wrapped, original)
-    setattr(owner, name, wrapped)
+    _set(owner, name, wrapped)
 
 
-def install(rec: Recorder) -> list:
-    """Install every observer; returns hook handles (kept alive for the life of the child)."""
+class Installed:
+    """The observers in place; `remove()` restores every patched attribute and removes the hooks
+    (the child never needs it; the overhead benchmark does, to compare in one process)."""
+
+    def __init__(self, handles: list, undo: list):
+        self.handles = handles
+        self.undo = undo
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for owner, name, original in reversed(self.undo):
+            setattr(owner, name, original)
+        self.handles, self.undo = [], []
+
+
+def install(rec: Recorder) -> Installed:
+    """Install every observer (hooks and wrappers) reporting to `rec`."""
+    start = len(_undo)
     handles = [
         register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_optimizer_pre(opt)),
         register_optimizer_step_post_hook(lambda opt, a, k: rec.on_optimizer_post(opt)),
@@ -38,7 +63,9 @@ def install(rec: Recorder) -> list:
     _patch_schedulers(rec)
     _patch_save(rec)
     _patch_half(rec)
-    return handles
+    undo = _undo[start:]
+    del _undo[start:]
+    return Installed(handles, undo)
 
 
 def _patch_optimizer_init(rec: Recorder) -> None:
@@ -147,7 +174,7 @@ def _patch_backward(rec: Recorder) -> None:
             rec.on_backward(first)
         return original(tensors, *args, **kwargs)
 
-    torch.autograd.backward = autograd_backward
+    _set(torch.autograd, "backward", autograd_backward)
 
 
 def _patch_clip(rec: Recorder) -> None:
@@ -167,9 +194,9 @@ def _patch_clip(rec: Recorder) -> None:
             return functools.wraps(orig)(clip)
 
         wrapped = make(original)
-        setattr(clip_mod, name, wrapped)
         if getattr(nn_utils, name, None) is original:
-            setattr(nn_utils, name, wrapped)
+            _set(nn_utils, name, wrapped)
+        _set(clip_mod, name, wrapped)
 
 
 def _patch_schedulers(rec: Recorder) -> None:
@@ -213,7 +240,7 @@ def _patch_save(rec: Recorder) -> None:
         rec.on_save(obj)
         return original(obj, *args, **kwargs)
 
-    torch.save = save
+    _set(torch, "save", save)
 
 
 def _patch_half(rec: Recorder) -> None:
