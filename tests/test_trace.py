@@ -52,6 +52,7 @@ def test_several_protocol_mistakes_located_in_the_helper(tmp_path):
         assert f["severity"] == severity and text in f["message"]
         assert f["data"]["seen"] == "seen at run time"
     assert by_rule(r, "AMP101")["line"] == 36  # the clip_grad_norm_ call in amp_utils.py
+    assert by_rule(r, "AMP101")["step"] == 0 and by_rule(r, "AMP110")["step"] == 2
     assert len(r["scale"]) == 5 and all(s == 65536.0 for s in r["scale"])
     assert exit_code(r) == 1
     assert r["argv"][1:3] == ["--mistake", "clip_before_unscale,save_no_scaler,step_in_autocast,backward_in_autocast"]
@@ -135,8 +136,12 @@ def test_nonfinite_backward_with_nan_flag():
 # -- clean, raises, never stops, reads sys.argv ----------------------------------------------
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_clean_script_has_no_error_or_warning(precision):
-    r = trace("clean", "--precision", precision, headroom=precision == "fp16")
+    calls = []
+    r = trace("clean", "--precision", precision, headroom=precision == "fp16",
+              progress=lambda fraction, message: calls.append((fraction, message)))
     assert problems(r) == [] and exit_code(r) == 0
+    assert calls[0][0] == 0.0 and calls[-1] == (1.0, "trace finished")
+    assert all(0.0 <= f <= 1.0 for f, _ in calls)
     assert r["exit"]["status"] == "stopped" and r["steps_observed"] == 5
     if precision == "fp16":
         assert len(r["headroom"]["steps"]) == 5 and r["scale"][0] == 65536.0

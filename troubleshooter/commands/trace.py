@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 DEFAULT_STEPS = 20
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
                    help="localise the first non-finite module on every step (one host sync per step)")
     p.add_argument("--headroom", action="store_true",
                    help="measure fp16 gradient underflow under the loss scale on every step (AMP203)")
-    p.add_argument("--cwd", default=None, help="working directory of the script (default: the current one)")
+    p.add_argument("--cwd", default=None,
+                   help="working directory of the script (default: the current one, as `python SCRIPT` would)")
     p.add_argument("--format", choices=("text", "json", "github"), default="text")
     p.set_defaults(func=run, script_args=[])
     p.epilog = "Everything after `--` is passed to the script unchanged: trace train.py --steps 5 -- --lr 0.1"
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     report = trace_script(args.script, script_args, steps=args.steps, device=args.device,
                           timeout_s=args.timeout, nan=args.nan, headroom=args.headroom,
-                          cwd=args.cwd, progress=progress)
+                          cwd=args.cwd or os.getcwd(), progress=progress)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     elif args.format == "github":

@@ -26,7 +26,8 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
                  progress: Callable[[float, str], None] | None = None) -> dict:
     """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
     seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
-    raised; one that cannot be started raises UserError."""
+    raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
+    (an uploaded script next to its files); the CLI passes the current directory."""
     from ..explain import explain_log
     from . import analysis, report
     from .runner import device_env, run_child, validate_script

@@ -166,7 +166,7 @@ def exception_finding(exc: dict, explained: list[dict]) -> Finding:
     suggestion = cause["fix"] if cause is not None else "Fix the error at the location shown (full traceback in exit.exception)."
     return Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR, msg, suggestion,
                    Location(path=exc.get("path"), line=exc.get("line")), None,
-                   {"seen": SEEN, "exception": exc["type"], "related_rule": rule})
+                   {"seen": SEEN, "exception": exc["type"], "related_rule": rule, "step": exc.get("step")})
 
 
 def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:

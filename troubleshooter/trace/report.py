@@ -38,7 +38,7 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
                  "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),
                  "wall_s": proc.get("wall_s"), "stdout_tail": proc.get("stdout_tail", ""),
                  "stderr_tail": proc.get("stderr_tail", "")},
-        "findings": [f.to_dict() for f in findings],
+        "findings": [{**f.to_dict(), "step": _first_step(f)} for f in findings],
         "timeline": raw.get("timeline") or [],
         "scale": scale,
         "skipped_steps": skipped,
@@ -46,6 +46,18 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "headroom": {"enabled": headroom, "steps": numerics.get("headroom_steps", []) if headroom else []},
     }
     return jsonable(report)
+
+
+def _first_step(f: Finding) -> int | None:
+    """The first optimizer step (0-based) where the finding was seen, None when not tied to one."""
+    d = f.data
+    for key in ("step", "steps", "skipped_steps"):
+        v = d.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, list) and v and isinstance(v[0], int):
+            return v[0]
+    return None
 
 
 def exit_code(report: dict) -> int:

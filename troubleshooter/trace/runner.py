@@ -27,8 +27,8 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding t
 def validate_script(script: str | os.PathLike, cwd: str | None) -> Path:
     """The script as a readable, compilable Python file, or a UserError saying why not."""
     path = Path(script)
-    if not path.is_absolute() and cwd:
-        path = Path(cwd) / path
+    if not path.is_absolute() and cwd and not path.exists():
+        path = Path(cwd) / path  # relative to the script's working directory
     if not path.exists():
         raise UserError(f"cannot run {script}: no such file")
     if not path.is_file():
