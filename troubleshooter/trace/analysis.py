@@ -122,8 +122,11 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
     else:
         return []
     data = {**f.data, "seen": SEEN, "step": first["step"], "phase": "forward" if fwd is not None else "backward",
-            "localised_by": "--nan hooks on every step" if numerics.get("mode") == "nan" else
-            f"hooks attached after a non-finite step, re-checking steps {numerics.get('rechecked_steps')}"}
+            "localised_by": {"nan": "--nan hooks on every step",
+                             "re-run of the failing step": "the failing step's forward/backward re-run with "
+                             "hooks before the optimizer step"}.get(
+                first.get("mode"), f"hooks attached after a non-finite step, re-checking steps "
+                                   f"{numerics.get('rechecked_steps')}")}
     message = f"{f.message} (step {first['step']})"
     before = first.get("parameters_nonfinite_before") or []
     if before:

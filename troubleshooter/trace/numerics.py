@@ -2,9 +2,12 @@
 the optimizer trains.
 
 With `--nan` the hooks are on from the first forward and analyse every step (device-side
-min/max, one host sync per step). Without it nothing is hooked: when a step's loss is
-non-finite or GradScaler skips it, the hooks are attached for the next few steps and localise
-the first non-finite module when it happens again, so plain tracing costs nothing extra.
+min/max, one host sync per step). Without it only the model's outermost call is watched (its
+inputs kept, one hook capturing the gradient of its output): when a step without GradScaler has
+a non-finite loss or gradient, that step's forward (and backward from the captured output
+gradient) is re-run with the hooks on before the optimizer writes anything, with RNG state and
+buffers restored afterwards; when GradScaler skips a step (its parameters stay untouched), the
+hooks are attached for the next few steps instead.
 `--headroom` measures how many gradient elements the loss scale leaves below float16's range.
 """
 from __future__ import annotations
@@ -12,16 +15,19 @@ from __future__ import annotations
 import gc
 import inspect
 import math
+from functools import partial
 
 import torch
 from torch import nn
 
-from ..engine.nanhooks import HookSet, number
+from ..engine.nanhooks import HookSet, _tensors, number
 from .locate import is_user_file
 from .recorder import Recorder
 
 RECHECK_STEPS = 3  # plain mode: steps hooked after a non-finite or skipped one
 MAX_EVENTS = 50
+MAX_SKIP_RERUNS = 3  # plain mode: skipped steps re-run with hooks
+MAX_KEPT_OUTPUT_ELEMENTS = 64 * 2**20  # plain mode: output gradients kept for a backward re-run
 MAX_ARMS = 3  # plain mode: times the hooks are attached after a non-finite or skipped step
 FP16_TINY = 2.0 ** -24  # smallest float16 subnormal: scaled gradients below it become 0
 
@@ -48,19 +54,132 @@ class Numerics:
         self.checked_steps = 0
         self.params_nonfinite: list[str] = []
         self.headroom_steps: list[dict] = []
-        self._discover = None
-        if nan:
-            self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
+        self._watch: list = []  # plain mode: hooks on the root model keeping its last inputs
+        self._last_in: tuple | None = None
+        self._out_grads: dict[int, torch.Tensor] = {}
+        self.reruns = 0
+        self.skip_reruns = 0
+        self.rerun_error: str | None = None
+        self.last_rerun_step: int | None = None
+        self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
+        if not nan:
+            rec.before_step = self.before_step
+            rec.after_skip = self.after_skip
 
     # -- finding the model -----------------------------------------------------------------
     def _first_forward(self, module: nn.Module, args: tuple) -> None:
-        """--nan: the outermost module of the first forward with trainable parameters."""
+        """The outermost module of the first forward with trainable parameters: hooked (--nan)
+        or watched (plain); its own hooks are added too late for this call, so run them now."""
         if self.hooks is not None or not any(p.requires_grad for p in module.parameters()):
             return None
         self._remove_discovery()
-        self._attach(module)
-        self.hooks._pre(0, module, args, {})  # its own pre-hook was added too late for this call
+        if self.nan:
+            self._attach(module)
+            self.hooks._pre(0, module, args, {})
+        else:
+            self._start_watch(module)
+            self._keep_inputs(module, args, {})
         return None
+
+    # -- plain mode: watch the root call, re-run a failing step ---------------------------------
+    def _start_watch(self, model: nn.Module) -> None:
+        self._stop_watch()
+        self.model = model
+        self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
+                       model.register_forward_hook(self._keep_output_grads)]
+
+    def _stop_watch(self) -> None:
+        for handle in self._watch:
+            handle.remove()
+        self._watch = []
+        self._last_in = None
+        self._out_grads = {}
+
+    def _keep_inputs(self, module, args, kwargs):
+        device = next((t.device.type for t in _tensors(args)), "cpu")
+        try:
+            ac = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        except (RuntimeError, TypeError):
+            ac = (device, False, None)
+        self._last_in = (args, kwargs, ac)
+        self._out_grads = {}
+        return None
+
+    def _keep_output_grads(self, module, args, output) -> None:
+        if not torch.is_grad_enabled():
+            return None
+        outs = [t for t in _tensors(output) if t.requires_grad]
+        if sum(t.numel() for t in outs) > MAX_KEPT_OUTPUT_ELEMENTS:
+            return None  # e.g. a large vocabulary's logits: the re-run then localises the forward only
+        for i, t in enumerate(outs):
+            t.register_hook(partial(self._out_grads.__setitem__, i))
+        return None
+
+    def before_step(self, rec: Recorder, optimizer) -> None:
+        """No GradScaler checked this step: if its loss or gradients are non-finite, localise it
+        now, while the parameters are still the ones that produced it."""
+        if self.reruns or self.model is None or self._last_in is None or any(is_real(e) for e in self.events):
+            return
+        loss = rec.peek_loss()
+        bad = loss is not None and not math.isfinite(loss)
+        if not bad:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
+            if grads:
+                norms = torch._foreach_norm(grads)
+                bad = not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+        if bad:
+            self.reruns += 1
+            try:
+                self._rerun(rec, loss)
+            except Exception as exc:  # noqa: BLE001 - the re-run is a best effort; fall back to re-checks
+                self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def after_skip(self, rec: Recorder) -> None:
+        """GradScaler skipped the step, so the parameters are untouched: re-run it with hooks (a few
+        times at most: calibration skips are normal and only show a scaled-gradient overflow)."""
+        if self.skip_reruns >= MAX_SKIP_RERUNS or self.model is None or self._last_in is None \
+                or any(is_real(e) for e in self.events):
+            return
+        self.skip_reruns += 1
+        try:
+            self._rerun(rec, rec.peek_loss(), skipped=True)
+        except Exception as exc:  # noqa: BLE001 - best effort; the re-check of later steps remains
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def _rerun(self, rec: Recorder, loss: float | None, skipped: bool = False) -> None:
+        model = self.model
+        args, kwargs, (device, ac_on, ac_dtype) = self._last_in
+        grads_out = dict(self._out_grads)
+        params = [p for p in model.parameters() if p.requires_grad]
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self._stop_watch()
+        hooks = HookSet(model).attach()
+        rec.muted = True
+        try:
+            with torch.enable_grad(), torch.autocast(device, dtype=ac_dtype, enabled=bool(ac_on)):
+                out = model(*args, **kwargs)
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            if outs and len(grads_out) == len(outs) and params:
+                torch.autograd.grad(outs, params, grad_outputs=[grads_out[i] for i in range(len(outs))],
+                                    allow_unused=True)
+            report = hooks.collect()
+        finally:
+            rec.muted = False
+            hooks.detach()
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            self._start_watch(model)
+        step = {"step": rec.steps, "skipped": skipped,
+                "loss": None if loss is None else (loss if math.isfinite(loss) else ("nan" if loss != loss else "inf"))}
+        self.last_rerun_step = rec.steps
+        self._record(report, step, "re-run of the failing step")
 
     def _remove_discovery(self) -> None:
         if self._discover is not None:
@@ -96,6 +215,8 @@ class Numerics:
 
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
+        if not self.nan and step["step"] == 0 and rec.optimizers:
+            self._check_watched_model()
         if self.headroom:
             self._measure_headroom(step)
         if self.hooks is not None:
@@ -106,9 +227,9 @@ class Numerics:
                 self._remove_discovery()
                 self._attach(model)
         if not self.nan and self.hooks is None and self.arms_left > 0 and _nonfinite_step(step) \
-                and not any(is_real(e) for e in self.events):
+                and not any(is_real(e) for e in self.events) and not self._rerun_covered(step):
             self.arms_left -= 1
-            model = self.trained_model()
+            model = self.model or self.trained_model()
             if model is not None:
                 self.params_nonfinite = _nonfinite_params(model)
                 self._attach(model)
@@ -122,19 +243,36 @@ class Numerics:
             self.rechecks_left -= 1
         if self.nan and step["step"] == 0 and self.rec.optimizers:
             self._check_model_is_trained()
-        if not report.finite and len(self.events) < MAX_EVENTS:
-            fwd, bwd = report.forward, report.backward
-            dtype = (fwd or bwd or {}).get("dtype")
-            self.events.append({
-                "step": step["step"], "skipped": step["skipped"], "loss": step["loss"],
-                "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
-                "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
-                "mode": self.mode, "parameters_nonfinite_before": self.params_nonfinite[:10],
-                "where": module_source(self.model, (fwd or bwd or {}).get("module")),
-            })
+        self._record(report, step, self.mode)
         done = not self.nan and (self.rechecks_left <= 0 or any(is_real(e) for e in self.events))
         if done:
             self._detach()
+
+    def _rerun_covered(self, step: dict) -> bool:
+        """A re-run already looked at this step (and found it a calibration skip, or nothing)."""
+        return self.last_rerun_step == step["step"] and not self.rerun_error
+
+    def _record(self, report, step: dict, mode: str) -> None:
+        if report.finite or len(self.events) >= MAX_EVENTS:
+            return
+        fwd, bwd = report.forward, report.backward
+        dtype = (fwd or bwd or {}).get("dtype")
+        self.events.append({
+            "step": step["step"], "skipped": step["skipped"], "loss": step["loss"],
+            "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
+            "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
+            "mode": mode, "parameters_nonfinite_before": [] if mode.startswith("re-run") else self.params_nonfinite[:10],
+            "where": module_source(self.model, (fwd or bwd or {}).get("module")),
+        })
+
+    def _check_watched_model(self) -> None:
+        """Plain mode: the watched model must be the one the optimizers train."""
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if self.model is None or not any(id(p) in params for p in self.model.parameters()):
+            self._remove_discovery()
+            model = self.trained_model()
+            if model is not None:
+                self._start_watch(model)
 
     def _check_model_is_trained(self) -> None:
         params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
@@ -167,12 +305,14 @@ class Numerics:
     def close(self) -> None:
         """Remove every hook this object added."""
         self._remove_discovery()
+        self._stop_watch()
         self._detach()
 
     def result(self) -> dict:
         self._remove_discovery()
         out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
+               "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
                "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10]}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps

@@ -65,6 +65,9 @@ class Recorder:
         self.in_tensor_backward = False
         self.open_next = False  # a step just completed; update/scheduler/save still belong to it
         self.scheduler_where: dict | None = None
+        self.before_step: Callable[["Recorder", Any], None] | None = None  # numerics, steps without a scaler
+        self.after_skip: Callable[["Recorder"], None] | None = None  # numerics: a step GradScaler skipped
+        self.muted = False  # numerics re-runs a forward: its autocast/backward calls are not the script's
         self.on_stop_pending: Callable[[], None] | None = None
         self._reset_iteration()
         self.scaler_stage: dict[tuple[int, int], str] = {}  # (scaler, optimizer) -> unscaled|stepped
@@ -121,6 +124,8 @@ class Recorder:
 
     # -- autocast ------------------------------------------------------------------------
     def on_autocast_enter(self, ac) -> None:
+        if self.muted:
+            return
         dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
         enabled = bool(getattr(ac, "_enabled", True))
         dev = getattr(ac, "device", "?")
@@ -131,11 +136,13 @@ class Recorder:
             self.event("autocast", device=dev, dtype=dtype, enabled=enabled)
 
     def on_autocast_exit(self) -> None:
-        if self.autocast_stack:
+        if self.autocast_stack and not self.muted:
             self.autocast_stack.pop()
 
     # -- backward ------------------------------------------------------------------------
     def on_backward(self, tensor) -> None:
+        if self.muted:
+            return
         self.maybe_stop()
         scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
         ev = self.event("backward", scaled=scaled_by is not None)
@@ -208,6 +215,8 @@ class Recorder:
             return
         self.scaler_steps += 1
         if not frame["ran"]:  # GradScaler found inf/NaN gradients and skipped optimizer.step()
+            if self.after_skip is not None:
+                self.after_skip(self)
             self.complete_step(skipped=True, via_scaler=True, scaler=scaler)
 
     def _check_unscaled_backward(self, ev: dict) -> None:
@@ -256,6 +265,9 @@ class Recorder:
         if id(optimizer) not in self.checked_optimizers:
             self.checked_optimizers.add(id(optimizer))
             self._check_half_params(optimizer, ev)
+        scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
+        if self.before_step is not None and not (scaler is not None and _scaler_enabled(scaler)):
+            self.before_step(self, optimizer)  # no GradScaler checked these gradients
 
     def on_optimizer_post(self, optimizer) -> None:
         scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
@@ -317,14 +329,20 @@ class Recorder:
             if self.on_stop_pending is not None:
                 self.on_stop_pending()
 
-    def _step_loss(self) -> float | str | None:
-        """The (unscaled) loss of the step as a number; one host sync, once per step."""
-        losses, self.losses = self.losses, []
-        if not losses:
+    def peek_loss(self) -> float | None:
+        """The latest (unscaled) loss of this step as a float, without closing the step."""
+        if not self.losses:
             return None
         try:
-            value = float(losses[-1].float().item())
-        except Exception:  # noqa: BLE001
+            return float(self.losses[-1].float().item())
+        except Exception:  # noqa: BLE001 - a loss tensor in an odd state must not break the trace
+            return None
+
+    def _step_loss(self) -> float | str | None:
+        """The (unscaled) loss of the step as a number; one host sync, once per step."""
+        value = self.peek_loss()
+        self.losses = []
+        if value is None:
             return None
         if value != value:
             return "nan"
