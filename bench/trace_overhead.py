@@ -1,0 +1,231 @@
+"""What tracing costs a training script per step: untraced vs `trace` vs `trace --nan` vs the
+same steps under torch.autograd.detect_anomaly(), side by side in one run.
+
+The step: a small GPT preset trained with GradScaler, autocast (fp32: entered but disabled, the
+default, fast on any CPU; or fp16/bf16), unscale_, clip_grad_norm_, scaler step and update,
+scheduler step, zero_grad, timed with the process CPU clock and one torch thread, because wall
+time on a shared machine varies far more than the differences measured.
+
+Default (`--mode inprocess`): one process; the trace observers (the same Recorder, Numerics and
+patches the trace child installs) are installed and removed around blocks of steps, the four
+modes interleaved in rotating order; per mode the median step of each block, then the median
+over rounds. `--mode processes`: end to end, each run a fresh process (`python this_file
+--child` untraced or under anomaly mode, `trace_script(this_file)` traced); process-to-process
+variation on a shared VM is about +-10%, larger than the effects measured. Targets:
+
+    (traced - plain) / plain                   <= 0.05
+    (traced --nan - plain) / (anomaly - plain) <= 0.2
+
+    python bench/trace_overhead.py                     # CPU, in one process, a few minutes on a busy 2-core VM
+    python bench/trace_overhead.py --mode processes    # end to end: fresh processes, trace_script()
+    python bench/trace_overhead.py --device cuda --precision bf16 --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODES = ("plain", "traced", "traced_nan", "detect_anomaly")
+DEFAULT_PRESET = "gpt:vocab_size=2048,d_model=128,n_layer=2,n_head=4,seq_len=64,batch_size=8"
+
+
+# -- the traced training script -----------------------------------------------------------
+def child(out: str, preset: str, device: str, precision: str, warmup: int, steps: int, anomaly: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from troubleshooter.spec import SpecSource, load_workload
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    workload = load_workload(SpecSource.preset(preset))
+    model = workload.build_model().to(device)
+    batch = workload.batch(torch.device(device), seed=0)
+    opt = workload.make_optimizer(list(model.parameters()))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    # fp32: autocast entered but disabled, GradScaler on: every wrapper runs, compute stays fast on CPU
+    scaler = torch.amp.GradScaler(device, enabled=precision in ("fp16", "fp32"))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+    times = []
+    ctx = torch.autograd.detect_anomaly(check_nan=True) if anomaly else contextlib.nullcontext()
+    with ctx:
+        for i in range(warmup + steps):
+            sync()
+            t0 = clock()
+            with torch.autocast(device.split(":")[0], dtype=dtype, enabled=precision != "fp32"):
+                loss = workload.loss(model, batch)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
+            if i >= warmup:
+                times.append(clock() - t0)
+    with open(out, "w") as fh:
+        json.dump({"median_s": statistics.median(times), "steps": len(times)}, fh)
+
+
+# -- in one process ------------------------------------------------------------------------------
+def run_inprocess(args) -> dict[str, list[float]]:
+    import contextlib
+
+    import torch
+
+    from troubleshooter.spec import SpecSource, load_workload
+    from troubleshooter.trace.numerics import Numerics
+    from troubleshooter.trace.patches import install
+    from troubleshooter.trace.recorder import Recorder
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    device, precision = args.device, args.precision
+    workload = load_workload(SpecSource.preset(args.preset))
+    model = workload.build_model().to(device)
+    batch = workload.batch(torch.device(device), seed=0)
+    opt = workload.make_optimizer(list(model.parameters()))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    scaler = torch.amp.GradScaler(device, enabled=precision in ("fp16", "fp32"))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+
+    def step():
+        with torch.autocast(device.split(":")[0], dtype=dtype, enabled=precision != "fp32"):
+            loss = workload.loss(model, batch)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+    def block(mode: str) -> float:
+        rec = numerics = installed = None
+        ctx = contextlib.nullcontext()
+        if mode.startswith("traced"):
+            rec = Recorder(10 ** 9)
+            numerics = Numerics(rec, nan=mode == "traced_nan", headroom=False)
+            rec.on_step = numerics.on_step
+            installed = install(rec)
+            rec.on_scaler_init(scaler)  # it predates install; in a traced script install comes first
+        elif mode == "detect_anomaly":
+            ctx = torch.autograd.detect_anomaly(check_nan=True)
+        times = []
+        try:
+            with ctx:
+                for i in range(args.warmup + args.steps):
+                    sync()
+                    t0 = clock()
+                    step()
+                    sync()
+                    if i >= args.warmup:
+                        times.append(clock() - t0)
+        finally:
+            if installed is not None:
+                installed.remove()
+                numerics.close()
+        if mode == "traced_nan" and not numerics.checked_steps:
+            raise SystemExit("the --nan hooks did not run: the benchmark would measure nothing")
+        return statistics.median(times)
+
+    import warnings
+    warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
+    results: dict[str, list[float]] = {m: [] for m in MODES}
+    for r in range(args.rounds):
+        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        for mode in order:
+            results[mode].append(block(mode))
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES),
+              file=sys.stderr, flush=True)
+    return results
+
+
+# -- end to end, a process per run -------------------------------------------------------------
+def run_mode(mode: str, args, out: str) -> float:
+    from troubleshooter.trace import trace_script
+
+    child_args = ["--child", out, "--preset", args.preset, "--device", args.device, "--precision",
+                  args.precision, "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    if mode == "detect_anomaly":
+        child_args.append("--anomaly")
+    if mode in ("plain", "detect_anomaly"):
+        import subprocess
+        subprocess.run([sys.executable, __file__, *child_args], check=True, cwd=str(ROOT))
+    else:
+        report = trace_script(__file__, child_args, steps=10 * (args.warmup + args.steps), timeout_s=600,
+                              nan=mode == "traced_nan", cwd=str(ROOT))
+        if report["exit"]["status"] != "finished":
+            raise SystemExit(f"traced run did not finish: {report['exit']}")
+    with open(out) as fh:
+        return json.load(fh)["median_s"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", metavar="OUT")
+    p.add_argument("--anomaly", action="store_true")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=("fp16", "bf16", "fp32"), default="fp32",
+                   help="fp32 (default): autocast disabled, GradScaler on; CPUs without fp16/bf16 units "
+                        "emulate those slowly, which would hide the overhead measured")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=None, help="default 15 in-process, 5 with processes")
+    p.add_argument("--mode", choices=("inprocess", "processes"), default="inprocess")
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.preset, args.device, args.precision, args.warmup, args.steps, args.anomaly)
+        return
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.rounds is None:
+        args.rounds = 15 if args.mode == "inprocess" else 5
+    if args.mode == "inprocess":
+        results = run_inprocess(args)
+    else:
+        results = {m: [] for m in MODES}
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+                for mode in order:
+                    results[mode].append(run_mode(mode, args, os.path.join(tmp, f"{mode}-{r}.json")))
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES),
+                      file=sys.stderr, flush=True)
+    med = {m: statistics.median(v) for m, v in results.items()}
+    plain = med["plain"]
+    traced_added = (med["traced"] - plain) / plain
+    nan_ratio = (med["traced_nan"] - plain) / (med["detect_anomaly"] - plain)
+    per_round = [(results["traced_nan"][i] - results["plain"][i]) / (results["detect_anomaly"][i] - results["plain"][i])
+                 for i in range(args.rounds)]
+    per_round_traced = [(results["traced"][i] - results["plain"][i]) / results["plain"][i] for i in range(args.rounds)]
+    print(json.dumps({
+        "started": started, "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+        "load_average": os.getloadavg(), "python": platform.python_version(),
+        "torch": __import__("torch").__version__, "preset": args.preset, "device": args.device,
+        "precision": args.precision, "mode": args.mode, "rounds": args.rounds, "steps_per_run": args.steps,
+        "median_ms": {m: round(v * 1e3, 3) for m, v in med.items()},
+        "traced_added": round(traced_added, 4), "traced_added_per_round": [round(x, 4) for x in per_round_traced],
+        "nan_over_anomaly": round(nan_ratio, 4), "nan_over_anomaly_per_round": [round(x, 4) for x in per_round],
+        "targets": {"traced_added": 0.05, "nan_over_anomaly": 0.2},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

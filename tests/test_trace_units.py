@@ -1,0 +1,75 @@
+"""trace pieces that need no child process: analysis of recorded events, install/remove, the CLI."""
+from __future__ import annotations
+
+import torch
+
+from troubleshooter.cli import build_parser
+from troubleshooter.trace import analysis
+from troubleshooter.trace.recorder import _inspect_saved
+
+
+def _series(skips: list[bool], scale: float = 65536.0) -> list[dict]:
+    out = []
+    for i, skipped in enumerate(skips):
+        after = scale / 2 if skipped else scale
+        out.append({"step": i, "skipped": skipped, "via_scaler": True, "scale": scale, "scale_after": after,
+                    "loss": 1.0})
+        scale = after
+    return out
+
+
+def test_skip_rate_needs_enough_steps_before_it_warns():
+    # calibration (first skip) then 2 of 4 later steps skipped: a warning over 14 steps, info over 5
+    short = analysis.skiprate_findings(_series([True, False, True, False, True]))
+    assert [f.severity.value for f in short] == ["info"] and "inconclusive" in short[0].message
+    long = analysis.skiprate_findings(_series([True] + [False, True] * 4 + [False] * 5))
+    assert [f.severity.value for f in long] == ["warning"]
+    assert long[0].data["skipped_steps"] == [0, 2, 4, 6, 8]
+    assert analysis.skiprate_findings(_series([True, False, False, False, False, False])) == []
+
+
+def test_violations_group_by_rule_and_line():
+    v = [{"rule": "AMP101", "path": "/p/u.py", "line": 3, "function": "f", "step": s, "message": "m", "data": {}}
+         for s in range(4)]
+    v.append({"rule": "AMP101", "path": "/p/u.py", "line": 9, "function": "g", "step": 0, "message": "m", "data": {}})
+    found = analysis.protocol_findings(v)
+    assert [(f.location.line, f.data["count"], f.data["steps"]) for f in found] == [(3, 4, [0, 1, 2, 3]), (9, 1, [0])]
+    assert found[0].name == "clip-before-unscale" and found[0].severity.value == "error"
+
+
+def test_saved_objects_with_and_without_scaler_state():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _inspect_saved({"model": model.state_dict(), "opt": opt.state_dict()}) == (True, False)
+    assert _inspect_saved({"opt": opt.state_dict(), "scaler": {"scale": 1.0}}) == (True, True)
+    assert _inspect_saved([{"o": {"state": {}, "param_groups": []}}, torch.amp.GradScaler("cpu")]) == (True, True)
+    assert _inspect_saved(model.state_dict()) == (False, False)
+
+
+def test_install_and_remove_restore_torch():
+    from troubleshooter.trace.patches import install
+    from troubleshooter.trace.recorder import Recorder
+
+    before = (torch.save, torch.autograd.backward, torch.Tensor.backward, torch.nn.utils.clip_grad_norm_,
+              torch.amp.GradScaler.step, torch.amp.autocast_mode.autocast.__enter__, torch.nn.Module.to)
+    rec = Recorder(10)
+    installed = install(rec)
+    try:
+        assert torch.save is not before[0] and torch.amp.GradScaler.step is not before[4]
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+        assert [e["kind"] for e in rec.timeline[0]["events"]] == ["backward"]
+        assert rec.timeline[0]["events"][0]["path"] == __file__
+    finally:
+        installed.remove()
+    after = (torch.save, torch.autograd.backward, torch.Tensor.backward, torch.nn.utils.clip_grad_norm_,
+             torch.amp.GradScaler.step, torch.amp.autocast_mode.autocast.__enter__, torch.nn.Module.to)
+    assert after == before
+
+
+def test_cli_passes_everything_after_double_dash_to_the_script():
+    args = build_parser().parse_args(["trace", "train.py", "--steps", "5", "--format", "json", "--",
+                                      "--steps", "9", "--lr", "0.1"])
+    assert (args.script, args.steps, args.format) == ("train.py", 5, "json")
+    assert args.script_args == ["--steps", "9", "--lr", "0.1"]
+    assert build_parser().parse_args(["trace", "train.py"]).script_args == []

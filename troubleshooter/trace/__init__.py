@@ -1,0 +1,61 @@
+"""trace: run the user's own training script on this host and report what its mixed precision
+actually does (docs/trace.md).
+
+    report = trace_script("train.py", ["--amp"], steps=20)
+
+One-job modules: `runner` (the child process and its time limit), `child` (runs the script with
+the observers), `patches` (hooks and wrappers), `recorder` (events per step and the protocol
+state), `numerics` (first non-finite module, headroom), `analysis` (events -> Findings) and
+`report` (the JSON object and its renderings).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+from ..errors import UserError
+from .report import exit_code, render_markdown, render_text
+
+__all__ = ["trace_script", "exit_code", "render_markdown", "render_text"]
+
+MAX_STEPS = 10_000
+
+
+def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int = 20, device: str = "auto",
+                 timeout_s: float = 120, nan: bool = False, headroom: bool = False, cwd: str | None = None,
+                 progress: Callable[[float, str], None] | None = None) -> dict:
+    """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
+    seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
+    raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
+    (an uploaded script next to its files); the CLI passes the current directory."""
+    from ..explain import explain_log
+    from . import analysis, report
+    from .runner import device_env, run_child, validate_script
+
+    if isinstance(args, str):
+        raise UserError("args must be a list of strings, not one string")
+    args = [str(a) for a in args]
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+        raise UserError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
+    try:
+        timeout_s = float(timeout_s)
+    except (TypeError, ValueError):
+        raise UserError(f"timeout must be a number of seconds, got {timeout_s!r}") from None
+    if not timeout_s > 0:
+        raise UserError(f"timeout must be positive, got {timeout_s:g}")
+    device_env(device)  # validates
+    path = validate_script(script, cwd)
+    if progress is not None:
+        progress(0.0, f"starting {os.fspath(script)}")
+    raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress)
+    exc = (raw.get("exit") or {}).get("exception")
+    explained = []
+    if exc:
+        explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
+    findings = analysis.all_findings(raw, explained)
+    scale, skipped = analysis.scale_series(raw.get("series") or [])
+    out = report.build(os.fspath(script), [os.fspath(script), *args], device, raw, findings, explained,
+                       nan, headroom, scale, skipped)
+    if progress is not None:
+        progress(1.0, "trace finished")
+    return out

@@ -1,0 +1,224 @@
+"""Turn what the child saw into Findings: protocol violations located in the user's files,
+numerics (first non-finite module, skip rate, gradient underflow) and the script's own exception.
+
+Rule ids, names and severities come from the linter's catalogue (`lint.rules.BY_ID`) and the
+engine, so a rule means the same whether it was read in the source or seen at run time.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..engine.nanhunt import _backward_finding, _forward_finding
+from ..engine.skiprate import summarize
+from ..findings import Finding, Location, Severity
+from ..lint.rules import BY_ID
+from .numerics import is_real
+
+SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
+TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
+UNDERFLOW_SHARE = 0.05  # AMP203 at --headroom: share of non-zero gradients lost after scaling
+SEEN = "seen at run time"
+MIN_SKIP_STEPS = 10  # AMP204 warns on a skip rate only over this many scaled steps (errors need fewer)
+
+
+def protocol_findings(violations: list[dict]) -> list[Finding]:
+    """One Finding per (rule, file, line); data keeps the steps and how often it happened."""
+    grouped: dict[tuple, dict] = {}
+    for v in violations:
+        key = (v["rule"], v.get("path"), v.get("line"))
+        g = grouped.get(key)
+        if g is None:
+            grouped[key] = {**v, "steps": [v["step"]], "count": 1}
+        else:
+            g["count"] += 1
+            if v["step"] not in g["steps"] and len(g["steps"]) < 50:
+                g["steps"].append(v["step"])
+    out = []
+    for (rule, path, line), g in grouped.items():
+        spec = BY_ID.get(rule)
+        data = {"seen": SEEN, "steps": g["steps"], "count": g["count"], "function": g.get("function"),
+                **g.get("data", {})}
+        out.append(Finding(rule, spec.name if spec else rule.lower(), spec.severity if spec else "warning",
+                           f"{g['message']} (step {g['steps'][0]}{', ' + str(g['count']) + ' times' if g['count'] > 1 else ''})",
+                           spec.fix if spec else "", Location(path=path, line=line), None, data))
+    return out
+
+
+def scheduler_note(raw: dict) -> list[Finding]:
+    """AMP107 not confirmed: the scheduler follows every scaler step but no step was skipped."""
+    if any(v["rule"] == "AMP107" for v in raw.get("violations", [])):
+        return []
+    n = raw.get("scheduler_after_scaler_steps", 0)
+    if not n or any(s.get("skipped") for s in raw.get("series", [])):
+        return []
+    spec = BY_ID["AMP107"]
+    where = raw.get("scheduler_where") or {}
+    return [Finding("AMP107", spec.name, Severity.INFO,
+                    f"inconclusive: the LR scheduler stepped after {n} scaler.step() calls, but GradScaler "
+                    "skipped no step while traced, so whether it also steps on skipped steps was not seen",
+                    spec.fix, Location(path=where.get("path"), line=where.get("line")), None,
+                    {"seen": SEEN, "scheduler_steps_after_scaler": n})]
+
+
+def scale_series(series: list[dict]) -> tuple[list, list[int]]:
+    """Loss scale per step (None where no enabled scaler) and the steps GradScaler skipped."""
+    return [s.get("scale") for s in series], [s["step"] for s in series if s.get("skipped")]
+
+
+def skiprate_findings(series: list[dict], where: dict | None = None) -> list[Finding]:
+    """AMP204 from the observed skip pattern, with the engine's thresholds (`skiprate.summarize`)."""
+    scaled = [s for s in series if s.get("via_scaler") and s.get("scale") is not None]
+    if len(scaled) < 2:
+        return []
+    steps, calibrating = [], True
+    for s in scaled:
+        calibrating = calibrating and bool(s["skipped"])
+        loss = s.get("loss")
+        loss = float(loss) if isinstance(loss, (int, float)) else (float(loss) if loss in ("nan", "inf", "-inf") else 0.0)
+        before = float(s["scale"])
+        after = s.get("scale_after")
+        after = float(after) if isinstance(after, (int, float)) else before
+        steps.append({"phase": "calibration" if calibrating else "training", "skipped": bool(s["skipped"]),
+                      "loss": loss, "scale_before": before, "scale_after": after})
+    summary, rec = summarize(steps, init_scale=steps[0]["scale_before"])
+    if not rec.get("severity"):
+        return []
+    severity = rec["severity"]
+    inconclusive = ""
+    if severity == "warning" and len(steps) < MIN_SKIP_STEPS:  # a scaler may still be calibrating
+        severity, inconclusive = "info", f"inconclusive after only {len(steps)} steps: "
+    trajectory = [s["scale_before"] for s in steps]
+    msg = (f"{inconclusive}GradScaler skipped {summary['skipped']} of {summary['steps']} traced steps "
+           f"(skip rate {summary['skip_rate']:.0%}); loss scale {trajectory[0]:g} -> {summary['final_scale']:g}: "
+           f"{rec['reason']}")
+    suggestion = ("Train in bfloat16 where the hardware has it, or find the overflowing layer "
+                  "(trace with --nan)" if rec["action"] == "bf16" else
+                  f"Start the scaler where it settles: GradScaler(init_scale={rec.get('init_scale') or summary['final_scale']:g})")
+    data = {"seen": SEEN, "summary": summary, "recommendation": rec, "scale_trajectory": trajectory,
+            "skipped_steps": [s["step"] for s in scaled if s["skipped"]]}
+    where = where or {}
+    return [Finding("AMP204", "high-skip-rate", severity, msg, suggestion,
+                    Location(path=where.get("path"), line=where.get("line")), "fp16", data)]
+
+
+def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
+    """AMP202/205/206 from the first non-finite event that is not a GradScaler skip."""
+    events = numerics.get("events") or []
+    first = next((e for e in events if is_real(e)), None)
+    if first is None:
+        return []
+    p = first.get("precision") or "fp32"
+    fwd, bwd = first.get("forward"), first.get("backward")
+    loss = first.get("loss")
+    loss_finite = not isinstance(loss, str)
+    if fwd is not None or not loss_finite:
+        if fwd is not None:
+            fwd = {**fwd, "step": first["step"]}
+        f = _forward_finding(p, {"failed_step": first["step"], "loss_finite": loss_finite,
+                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {})
+    elif bwd is not None:
+        f = _backward_finding(p, {}, bwd)
+    else:
+        return []
+    data = {**f.data, "seen": SEEN, "step": first["step"], "phase": "forward" if fwd is not None else "backward",
+            "localised_by": {"nan": "--nan hooks on every step",
+                             "re-run of the failing step": "the failing step's forward/backward re-run with "
+                             "hooks before the optimizer step"}.get(
+                first.get("mode"), f"hooks attached after a non-finite step, re-checking steps "
+                                   f"{numerics.get('rechecked_steps')}")}
+    message = f"{f.message} (step {first['step']})"
+    before = first.get("parameters_nonfinite_before") or []
+    if before:
+        data["parameters_nonfinite_before"] = before
+        message += (f"; inconclusive: parameters were already non-finite when the hooks were attached "
+                    f"({', '.join(before[:3])}), so an earlier step made them - rerun with --nan")
+    where = first.get("where") or {}
+    if where.get("module") is not None and where["module"] != f.location.module:
+        data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
+    location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
+    return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:
+    """AMP203 (--headroom): non-zero gradients the loss scale leaves below float16's smallest value."""
+    steps = [s for s in numerics.get("headroom_steps") or [] if not s.get("skipped")]
+    if not steps:
+        return []
+    worst = max(steps, key=lambda s: s["underflow_share"])
+    if worst["underflow_share"] < UNDERFLOW_SHARE or not any(s.get("scale") for s in steps):
+        return []
+    scale = worst.get("scale")
+    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING,
+                    f"{worst['underflow_share']:.1%} of non-zero gradient elements stay below float16's "
+                    f"smallest value even after loss scale {scale:g} (step {worst['step']}): they flush to zero",
+                    "Raise the loss scale (GradScaler(init_scale=...) higher, growth_interval lower) or train in bf16.",
+                    Location(path=(where or {}).get("path"), line=(where or {}).get("line")), "fp16",
+                    {"seen": SEEN, "worst_step": worst})]
+
+
+def exception_finding(exc: dict, explained: list[dict]) -> Finding:
+    """The script raised: where in the user's code, and what `explain` recognises in the message."""
+    rule = next((m["rule"] for m in explained if m.get("rule")), None)
+    cause = next((m for m in explained), None)
+    msg = f"the script raised {exc['type']}: {exc['message'].splitlines()[0][:300] if exc['message'] else ''}"
+    if exc.get("step") is not None:
+        msg += f" (after {exc['step']} optimizer steps)"
+    if cause is not None:
+        msg += f"; {cause['title']}: {cause['cause']}"
+    suggestion = cause["fix"] if cause is not None else "Fix the error at the location shown (full traceback in exit.exception)."
+    return Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR, msg, suggestion,
+                   Location(path=exc.get("path"), line=exc.get("line")), None,
+                   {"seen": SEEN, "exception": exc["type"], "related_rule": rule, "step": exc.get("step")})
+
+
+def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
+    findings = protocol_findings(raw.get("violations") or [])
+    findings += scheduler_note(raw)
+    numerics = raw.get("numerics") or {}
+    findings += numerics_findings(numerics, raw.get("series") or [])
+    findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
+    findings += headroom_findings(numerics, raw.get("scaler_step_where"))
+    exc = (raw.get("exit") or {}).get("exception")
+    if exc:
+        findings.append(exception_finding(exc, explained))
+    findings += time_limit_finding(raw)
+    findings += exited_finding(raw)
+    return findings
+
+
+def exited_finding(raw: dict) -> list[Finding]:
+    """sys.exit(non-zero) before N steps: usually arguments the script did not accept."""
+    ex = raw.get("exit") or {}
+    if ex.get("status") != "exited":
+        return []
+    where = ex.get("where") or {}
+    tail = ((raw.get("process") or {}).get("stderr_tail") or "").strip().splitlines()[-1:] or [""]
+    return [Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR,
+                    f"the script exited with status {ex.get('code')}"
+                    + (f" ({ex['message']})" if ex.get("message") else "")
+                    + f" after {raw.get('steps_observed') or 0} optimizer steps; last stderr line: {tail[0][:300]}",
+                    "Check the arguments passed after `--` and the script's own error message (exit.stderr_tail).",
+                    Location(path=where.get("path"), line=where.get("line")), None,
+                    {"seen": SEEN, "exit_code": ex.get("code")})]
+
+
+def time_limit_finding(raw: dict) -> list[Finding]:
+    """The time limit stopped the script: everything above covers only the steps seen."""
+    proc = raw.get("process") or {}
+    if not proc.get("timed_out"):
+        return []
+    where = (raw.get("exit") or {}).get("where") or {}
+    n = raw.get("steps_observed") or 0
+    return [Finding(TIME_LIMIT[0], TIME_LIMIT[1], Severity.WARNING,
+                    f"the script was stopped by the time limit ({proc.get('wall_s', 0):.0f} s) after {n} optimizer "
+                    "steps" + (f", while running line {where['line']}" if where.get("line") else "")
+                    + "; findings cover only what ran before it (inconclusive for the rest)",
+                    "Raise --timeout, lower --steps, or pass arguments that make the script reach its "
+                    "training loop sooner (smaller data, fewer warm-up batches).",
+                    Location(path=where.get("path"), line=where.get("line")), None,
+                    {"seen": SEEN, "steps_observed": n})]
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

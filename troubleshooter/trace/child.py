@@ -1,0 +1,139 @@
+"""The child process: run the user's script as `python SCRIPT ARGS` would, with observers on.
+
+    python -m troubleshooter.trace.child CONFIG.json
+
+CONFIG names the script, its arguments, the step count, the options and the file the result is
+written to. The script runs in this interpreter (its folder first on sys.path, sys.argv set,
+`__name__ == "__main__"`); after N optimizer steps the next call that starts a new step raises
+`TraceStop` into it. The result (events, violations, numerics, how it ended) is written as JSON,
+also as throttled snapshots while it runs so a hard kill still leaves the steps seen so far.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+
+def main(config_path: str) -> None:
+    with open(config_path) as fh:
+        cfg = json.load(fh)
+    script = cfg["script"]
+    sys.argv = [cfg["argv0"], *cfg["args"]]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+
+    import torch  # noqa: F401 - imported before the script so the observers are in place
+
+    from .locate import user_frame_of_traceback
+    from .numerics import Numerics
+    from .patches import install
+    from .recorder import Recorder, TraceStop, TraceTimeout
+
+    rec = Recorder(cfg["steps"])
+    numerics = Numerics(rec, nan=cfg["nan"], headroom=cfg["headroom"])
+    writer = _Writer(cfg["result"], rec, numerics)
+
+    def on_step(r, step):
+        numerics.on_step(r, step)
+        writer.snapshot()
+
+    def stop_at_next_forward():
+        torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: rec.maybe_stop())
+
+    rec.on_step = on_step
+    rec.on_stop_pending = stop_at_next_forward
+    handles = install(rec)  # noqa: F841 - kept alive while the script runs
+
+    def on_term(signum, frame):
+        raise TraceTimeout()
+
+    signal.signal(signal.SIGTERM, on_term)
+    exit_info: dict = {"status": "finished", "exception": None, "code": 0}
+    import runpy
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except TraceStop:
+        exit_info["status"] = "stopped"
+    except TraceTimeout as exc:
+        path, line = user_frame_of_traceback(exc.__traceback__)
+        exit_info.update(status="timeout", where={"path": path, "line": line})
+    except SystemExit as exc:
+        code = exc.code
+        if code not in (None, 0):
+            path, line = user_frame_of_traceback(exc.__traceback__)
+            exit_info.update(status="exited", code=code if isinstance(code, int) else 1,
+                             message=None if isinstance(code, int) else str(code),
+                             where={"path": path, "line": line}, step=rec.steps)
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure is what we report
+        path, line = user_frame_of_traceback(exc.__traceback__)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        exit_info.update(status="raised", code=1, exception={
+            "type": type(exc).__name__, "message": str(exc)[:2000], "path": path, "line": line,
+            "traceback": tb[-6000:], "step": rec.steps})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    writer.final(exit_info)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no atexit handlers or non-daemon threads of the script may hold us here
+
+
+class _Writer:
+    """Writes the result file: throttled snapshots while running, the final one at the end."""
+
+    def __init__(self, path: str, rec, numerics):
+        self.path = path
+        self.rec = rec
+        self.numerics = numerics
+        self.last = 0.0
+
+    def payload(self, exit_info: dict | None) -> dict:
+        rec = self.rec
+        return {"steps_observed": rec.steps, "timeline": rec.timeline, "series": rec.series,
+                "violations": rec.violations, "numerics": self.numerics.result(),
+                "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
+                "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
+                "scaler_steps": rec.scaler_steps, "device": _device_used(rec),
+                "exit": exit_info, "final": exit_info is not None}
+
+    def _write(self, exit_info: dict | None) -> None:
+        from ..jsonsafe import jsonable
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(jsonable(self.payload(exit_info)), fh)
+        os.replace(tmp, self.path)
+
+    def snapshot(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= 1.0:
+            self.last = now
+            try:
+                self._write(None)
+            except Exception:  # noqa: BLE001 - a snapshot is best effort
+                pass
+
+    def final(self, exit_info: dict) -> None:
+        self._write(exit_info)
+
+
+def _device_used(rec) -> dict:
+    """The device of the parameters the optimizers update (what the script actually used)."""
+    for opt in list(rec.optimizers):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                dev = p.device
+                name = dev.type
+                if dev.type == "cuda":
+                    import torch
+                    try:
+                        name = torch.cuda.get_device_name(dev)
+                    except Exception:  # noqa: BLE001
+                        pass
+                return {"type": dev.type, "index": dev.index, "name": name}
+    return {"type": None, "index": None, "name": None}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,50 @@
+"""Where an event happened in the user's code: the innermost frame outside torch, this package
+and the standard library, so a finding points into whichever of the user's files made the call."""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+
+import torch
+
+_SKIP = tuple(sorted({
+    os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,  # troubleshooter/
+    os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep,
+}))
+_cache: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """True for a file of the user's program (not torch, not us, not the stdlib, not `<string>`)."""
+    hit = _cache.get(filename)
+    if hit is None:
+        if filename.startswith("<"):
+            hit = False
+        else:
+            real = os.path.realpath(filename)
+            hit = not real.startswith(_SKIP) and "site-packages" + os.sep + "torch" + os.sep not in real
+        _cache[filename] = hit
+    return hit
+
+
+def user_frame(depth: int = 2) -> tuple[str | None, int | None, str | None]:
+    """(path, line, function) of the innermost user frame above the caller."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None, None, None
+
+
+def user_frame_of_traceback(tb) -> tuple[str | None, int | None]:
+    """The innermost user frame of a traceback (where the user's code called what raised)."""
+    found = (None, None)
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            found = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return found

@@ -1,0 +1,363 @@
+"""Where a traced run goes non-finite: the nanhunt hooks of the engine, attached to the model
+the optimizer trains.
+
+With `--nan` the hooks are on from the first forward and analyse every step (device-side
+min/max, one host sync per step). Without it only the model's outermost call is watched (its
+inputs kept, one hook capturing the gradient of its output): when a step without GradScaler has
+a non-finite loss or gradient, that step's forward (and backward from the captured output
+gradient) is re-run with the hooks on before the optimizer writes anything, with RNG state and
+buffers restored afterwards; when GradScaler skips a step (its parameters stay untouched), the
+hooks are attached for the next few steps instead.
+`--headroom` measures how many gradient elements the loss scale leaves below float16's range.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+from functools import partial
+
+import torch
+from torch import nn
+
+from ..engine.nanhooks import HookSet, _tensors, number
+from .locate import is_user_file
+from .recorder import Recorder
+
+RECHECK_STEPS = 3  # plain mode: steps hooked after a non-finite or skipped one
+MAX_EVENTS = 50
+MAX_SKIP_RERUNS = 3  # plain mode: skipped steps re-run with hooks
+MAX_KEPT_OUTPUT_ELEMENTS = 64 * 2**20  # plain mode: output gradients kept for a backward re-run
+MAX_ARMS = 3  # plain mode: times the hooks are attached after a non-finite or skipped step
+FP16_TINY = 2.0 ** -24  # smallest float16 subnormal: scaled gradients below it become 0
+
+
+def _precision(autocast: str | None, dtype: str | None) -> str:
+    d = autocast or dtype or "float32"
+    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(d, d)
+
+
+class Numerics:
+    """Attaches HookSets, collects one report per step, keeps the non-finite events."""
+
+    def __init__(self, rec: Recorder, nan: bool, headroom: bool):
+        self.rec = rec
+        self.nan = nan
+        self.headroom = headroom
+        self.hooks: HookSet | None = None
+        self.model: nn.Module | None = None
+        self.mode = "nan" if nan else "on-demand"
+        self.events: list[dict] = []
+        self.rechecks_left = 0
+        self.arms_left = MAX_ARMS
+        self.rechecked_steps: list[int] = []
+        self.checked_steps = 0
+        self.params_nonfinite: list[str] = []
+        self.headroom_steps: list[dict] = []
+        self._watch: list = []  # plain mode: hooks on the root model keeping its last inputs
+        self._last_in: tuple | None = None
+        self._out_grads: dict[int, torch.Tensor] = {}
+        self.reruns = 0
+        self.skip_reruns = 0
+        self.rerun_error: str | None = None
+        self.last_rerun_step: int | None = None
+        self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
+        if not nan:
+            rec.before_step = self.before_step
+            rec.after_skip = self.after_skip
+
+    # -- finding the model -----------------------------------------------------------------
+    def _first_forward(self, module: nn.Module, args: tuple) -> None:
+        """The outermost module of the first forward with trainable parameters: hooked (--nan)
+        or watched (plain); its own hooks are added too late for this call, so run them now."""
+        if self.hooks is not None or not any(p.requires_grad for p in module.parameters()):
+            return None
+        self._remove_discovery()
+        if self.nan:
+            self._attach(module)
+            self.hooks._pre(0, module, args, {})
+        else:
+            self._start_watch(module)
+            self._keep_inputs(module, args, {})
+        return None
+
+    # -- plain mode: watch the root call, re-run a failing step ---------------------------------
+    def _start_watch(self, model: nn.Module) -> None:
+        self._stop_watch()
+        self.model = model
+        self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
+                       model.register_forward_hook(self._keep_output_grads)]
+
+    def _stop_watch(self) -> None:
+        for handle in self._watch:
+            handle.remove()
+        self._watch = []
+        self._last_in = None
+        self._out_grads = {}
+
+    def _keep_inputs(self, module, args, kwargs):
+        device = next((t.device.type for t in _tensors(args)), "cpu")
+        try:
+            ac = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        except (RuntimeError, TypeError):
+            ac = (device, False, None)
+        self._last_in = (args, kwargs, ac)
+        self._out_grads = {}
+        return None
+
+    def _keep_output_grads(self, module, args, output) -> None:
+        if not torch.is_grad_enabled():
+            return None
+        outs = [t for t in _tensors(output) if t.requires_grad]
+        if sum(t.numel() for t in outs) > MAX_KEPT_OUTPUT_ELEMENTS:
+            return None  # e.g. a large vocabulary's logits: the re-run then localises the forward only
+        for i, t in enumerate(outs):
+            t.register_hook(partial(self._out_grads.__setitem__, i))
+        return None
+
+    def before_step(self, rec: Recorder, optimizer) -> None:
+        """No GradScaler checked this step: if its loss or gradients are non-finite, localise it
+        now, while the parameters are still the ones that produced it."""
+        if self.reruns or self.model is None or self._last_in is None or any(is_real(e) for e in self.events):
+            return
+        loss = rec.peek_loss()
+        bad = loss is not None and not math.isfinite(loss)
+        if not bad:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
+            if grads:
+                norms = torch._foreach_norm(grads)
+                bad = not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+        if bad:
+            self.reruns += 1
+            try:
+                self._rerun(rec, loss)
+            except Exception as exc:  # noqa: BLE001 - the re-run is a best effort; fall back to re-checks
+                self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def after_skip(self, rec: Recorder) -> None:
+        """GradScaler skipped the step, so the parameters are untouched: re-run it with hooks (a few
+        times at most: calibration skips are normal and only show a scaled-gradient overflow)."""
+        if self.skip_reruns >= MAX_SKIP_RERUNS or self.model is None or self._last_in is None \
+                or any(is_real(e) for e in self.events):
+            return
+        self.skip_reruns += 1
+        try:
+            self._rerun(rec, rec.peek_loss(), skipped=True)
+        except Exception as exc:  # noqa: BLE001 - best effort; the re-check of later steps remains
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def _rerun(self, rec: Recorder, loss: float | None, skipped: bool = False) -> None:
+        model = self.model
+        args, kwargs, (device, ac_on, ac_dtype) = self._last_in
+        grads_out = dict(self._out_grads)
+        params = [p for p in model.parameters() if p.requires_grad]
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self._stop_watch()
+        hooks = HookSet(model).attach()
+        rec.muted = True
+        try:
+            with torch.enable_grad(), torch.autocast(device, dtype=ac_dtype, enabled=bool(ac_on)):
+                out = model(*args, **kwargs)
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            if outs and len(grads_out) == len(outs) and params:
+                torch.autograd.grad(outs, params, grad_outputs=[grads_out[i] for i in range(len(outs))],
+                                    allow_unused=True)
+            report = hooks.collect()
+        finally:
+            rec.muted = False
+            hooks.detach()
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            self._start_watch(model)
+        step = {"step": rec.steps, "skipped": skipped,
+                "loss": None if loss is None else (loss if math.isfinite(loss) else ("nan" if loss != loss else "inf"))}
+        self.last_rerun_step = rec.steps
+        self._record(report, step, "re-run of the failing step")
+
+    def _remove_discovery(self) -> None:
+        if self._discover is not None:
+            self._discover.remove()
+            self._discover = None
+
+    def _attach(self, model: nn.Module) -> None:
+        self.model = model
+        self.hooks = HookSet(model).attach()
+
+    def _detach(self) -> None:
+        if self.hooks is not None:
+            self.hooks.detach()
+            self.hooks = None
+
+    def trained_model(self) -> nn.Module | None:
+        """The module owning most of the parameters the optimizers update (the root on ties)."""
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if not params:
+            return None
+        best, best_key = None, (0, 0)
+        for obj in gc.get_objects():
+            if issubclass(type(obj), nn.Module):  # type(), not isinstance: no __class__ lookups on odd objects
+                try:
+                    hit = sum(1 for p in obj.parameters() if id(p) in params)
+                except Exception:  # noqa: BLE001 - a half-built module
+                    continue
+                if hit:
+                    key = (hit, sum(1 for _ in obj.modules()))
+                    if key > best_key:
+                        best, best_key = obj, key
+        return best
+
+    # -- per step ----------------------------------------------------------------------------
+    def on_step(self, rec: Recorder, step: dict) -> None:
+        if not self.nan and step["step"] == 0 and rec.optimizers:
+            self._check_watched_model()
+        if self.headroom:
+            self._measure_headroom(step)
+        if self.hooks is not None:
+            self._collect(step)
+        if self.nan and self.hooks is None and rec.optimizers:
+            model = self.trained_model()  # the model was not called as a module, or another one was
+            if model is not None:
+                self._remove_discovery()
+                self._attach(model)
+        if not self.nan and self.hooks is None and self.arms_left > 0 and _nonfinite_step(step) \
+                and not any(is_real(e) for e in self.events) and not self._rerun_covered(step):
+            self.arms_left -= 1
+            model = self.model or self.trained_model()
+            if model is not None:
+                self.params_nonfinite = _nonfinite_params(model)
+                self._attach(model)
+                self.rechecks_left = RECHECK_STEPS
+
+    def _collect(self, step: dict) -> None:
+        report = self.hooks.collect()
+        self.checked_steps += 1
+        if not self.nan:
+            self.rechecked_steps.append(step["step"])
+            self.rechecks_left -= 1
+        if self.nan and step["step"] == 0 and self.rec.optimizers:
+            self._check_model_is_trained()
+        self._record(report, step, self.mode)
+        done = not self.nan and (self.rechecks_left <= 0 or any(is_real(e) for e in self.events))
+        if done:
+            self._detach()
+
+    def _rerun_covered(self, step: dict) -> bool:
+        """A re-run already looked at this step (and found it a calibration skip, or nothing)."""
+        return self.last_rerun_step == step["step"] and not self.rerun_error
+
+    def _record(self, report, step: dict, mode: str) -> None:
+        if report.finite or len(self.events) >= MAX_EVENTS:
+            return
+        fwd, bwd = report.forward, report.backward
+        dtype = (fwd or bwd or {}).get("dtype")
+        self.events.append({
+            "step": step["step"], "skipped": step["skipped"], "loss": step["loss"],
+            "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
+            "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
+            "mode": mode, "parameters_nonfinite_before": [] if mode.startswith("re-run") else self.params_nonfinite[:10],
+            "where": module_source(self.model, (fwd or bwd or {}).get("module")),
+        })
+
+    def _check_watched_model(self) -> None:
+        """Plain mode: the watched model must be the one the optimizers train."""
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if self.model is None or not any(id(p) in params for p in self.model.parameters()):
+            self._remove_discovery()
+            model = self.trained_model()
+            if model is not None:
+                self._start_watch(model)
+
+    def _check_model_is_trained(self) -> None:
+        params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
+        if self.model is not None and not any(id(p) in params for p in self.model.parameters()):
+            self._detach()
+            model = self.trained_model()
+            if model is not None:
+                self._attach(model)
+
+    # -- headroom --------------------------------------------------------------------------
+    def _measure_headroom(self, step: dict) -> None:
+        """Share of non-zero gradient elements the step's loss scale leaves below float16's range."""
+        grads = [p.grad for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]
+                 if p.grad is not None and p.grad.is_floating_point()]
+        if not grads or len(self.headroom_steps) >= 1000:
+            return
+        scale = step["scale"] or 1.0
+        tiny = FP16_TINY / scale
+        with torch.no_grad():
+            counts = torch.stack([torch.stack([(g != 0).sum(), ((g != 0) & (g.abs() < tiny)).sum(),
+                                              g.abs().max().float() if g.numel() else torch.zeros(())])
+                                  .to(torch.float64).cpu() for g in grads])
+        nonzero, under = float(counts[:, 0].sum()), float(counts[:, 1].sum())
+        self.headroom_steps.append({
+            "step": step["step"], "scale": step["scale"], "nonzero": int(nonzero), "underflow": int(under),
+            "underflow_share": under / nonzero if nonzero else 0.0,
+            "grad_max_abs": number(float(counts[:, 2].max())), "skipped": step["skipped"],
+        })
+
+    def close(self) -> None:
+        """Remove every hook this object added."""
+        self._remove_discovery()
+        self._stop_watch()
+        self._detach()
+
+    def result(self) -> dict:
+        self._remove_discovery()
+        out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,
+               "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
+               "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
+               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10]}
+        if self.headroom:
+            out["headroom_steps"] = self.headroom_steps
+        return out
+
+
+def module_source(model: nn.Module | None, name: str | None) -> dict:
+    """File and line of the forward() of the named module's class, or of the nearest enclosing
+    module whose class the user wrote (an nn.Linear inside their Block points at the Block)."""
+    if model is None or name is None:
+        return {}
+    modules = dict(model.named_modules())
+    parts = name.split(".") if name else []
+    while True:
+        module = modules.get(".".join(parts))
+        if module is not None:
+            forward = getattr(type(module), "forward", None)
+            try:
+                path = inspect.getsourcefile(forward)
+                line = inspect.getsourcelines(forward)[1]
+            except (TypeError, OSError):
+                path = line = None
+            if path and is_user_file(path):
+                return {"path": path, "line": line, "class": type(module).__name__,
+                        "module": ".".join(parts)}
+        if not parts:
+            return {}
+        parts.pop()
+
+
+def is_real(event: dict) -> bool:
+    """Not a GradScaler calibration skip: the forward or the loss itself went non-finite."""
+    return not event.get("skipped") or event.get("forward") is not None or isinstance(event.get("loss"), str)
+
+
+def _nonfinite_step(step: dict) -> bool:
+    loss = step.get("loss")
+    return bool(step.get("skipped")) or isinstance(loss, str) or (
+        isinstance(loss, float) and not math.isfinite(loss))
+
+
+def _nonfinite_params(model: nn.Module) -> list[str]:
+    bad = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                bad.append(name)
+    return bad

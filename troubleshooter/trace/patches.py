@@ -1,0 +1,269 @@
+"""Install the observers: global optimizer and module hooks (public PyTorch APIs) and thin
+wrappers around GradScaler, autocast, gradient clipping, LR schedulers, backward and torch.save.
+
+Wrappers patch the base classes in place (`torch.amp.GradScaler`, `torch.amp.autocast`), so every
+alias a script may use (`torch.cuda.amp.GradScaler`, `torch.autocast`, `from torch.cuda.amp import
+autocast`) reports through them. Each wrapper records first and then calls the original, so the
+script's behaviour is unchanged (apart from the stop after N steps).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch import nn
+
+from .recorder import Recorder
+
+
+_undo: list = []  # (owner, name, original value) in installation order
+
+
+def _set(owner, name: str, value) -> None:
+    _undo.append((owner, name, owner.__dict__[name] if name in vars(owner) else getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def _wrap(owner, name: str, make):
+    original = getattr(owner, name)
+    wrapped = make(original)
+    functools.update_wrapper(wrapped, original)
+    _set(owner, name, wrapped)
+
+
+class Installed:
+    """The observers in place; `remove()` restores every patched attribute and removes the hooks
+    (the child never needs it; the overhead benchmark does, to compare in one process)."""
+
+    def __init__(self, handles: list, undo: list):
+        self.handles = handles
+        self.undo = undo
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for owner, name, original in reversed(self.undo):
+            setattr(owner, name, original)
+        self.handles, self.undo = [], []
+
+
+def install(rec: Recorder) -> Installed:
+    """Install every observer (hooks and wrappers) reporting to `rec`."""
+    start = len(_undo)
+    handles = [
+        register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_optimizer_pre(opt)),
+        register_optimizer_step_post_hook(lambda opt, a, k: rec.on_optimizer_post(opt)),
+    ]
+    _patch_optimizer_init(rec)
+    _patch_scaler(rec, torch.amp.grad_scaler.GradScaler)
+    _patch_autocast(rec)
+    _patch_backward(rec)
+    _patch_clip(rec)
+    _patch_schedulers(rec)
+    _patch_save(rec)
+    _patch_half(rec)
+    undo = _undo[start:]
+    del _undo[start:]
+    return Installed(handles, undo)
+
+
+def _patch_optimizer_init(rec: Recorder) -> None:
+    def make(orig):
+        def __init__(self, *args, **kwargs):
+            rec.on_optimizer_init(self)
+            return orig(self, *args, **kwargs)
+        return __init__
+    _wrap(torch.optim.Optimizer, "__init__", make)
+
+
+def _patch_scaler(rec: Recorder, cls) -> None:
+    def make_init(orig):
+        def __init__(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            rec.on_scaler_init(self)
+        return __init__
+
+    def make_scale(orig):
+        def scale(self, outputs):
+            out = orig(self, outputs)
+            rec.on_scale(self, outputs, out)
+            return out
+        return scale
+
+    def make_unscale(orig):
+        def unscale_(self, optimizer):
+            rec.on_unscale(self, optimizer)
+            return orig(self, optimizer)
+        return unscale_
+
+    def make_step(orig):
+        def step(self, optimizer, *args, **kwargs):
+            frame = rec.on_scaler_step_enter(self, optimizer)
+            try:
+                return orig(self, optimizer, *args, **kwargs)
+            finally:
+                rec.on_scaler_step_exit(frame)
+        return step
+
+    def make_update(orig):
+        def update(self, new_scale=None):
+            before = _get_scale(self)
+            rec.on_scaler_update_pre(self)
+            out = orig(self, new_scale)
+            rec.on_scaler_update(self, before, _get_scale(self))
+            return out
+        return update
+
+    def make_state_dict(orig):
+        def state_dict(self):
+            rec.event("scaler.state_dict")
+            return orig(self)
+        return state_dict
+
+    for name, make in (("__init__", make_init), ("scale", make_scale), ("unscale_", make_unscale),
+                       ("step", make_step), ("update", make_update), ("state_dict", make_state_dict)):
+        _wrap(cls, name, make)
+
+
+def _get_scale(scaler) -> float | None:
+    try:
+        return float(scaler.get_scale()) if scaler.is_enabled() else None
+    except Exception:  # noqa: BLE001 - before the first scale() the scale may not exist yet
+        return None
+
+
+def _patch_autocast(rec: Recorder) -> None:
+    cls = torch.amp.autocast_mode.autocast
+
+    def make_enter(orig):
+        def __enter__(self):
+            out = orig(self)
+            rec.on_autocast_enter(self)
+            return out
+        return __enter__
+
+    def make_exit(orig):
+        def __exit__(self, *exc):
+            rec.on_autocast_exit()
+            return orig(self, *exc)
+        return __exit__
+
+    _wrap(cls, "__enter__", make_enter)
+    _wrap(cls, "__exit__", make_exit)
+
+
+def _patch_backward(rec: Recorder) -> None:
+    def make_tensor_backward(orig):
+        def backward(self, *args, **kwargs):
+            rec.on_backward(self)
+            rec.in_tensor_backward = True  # Tensor.backward calls torch.autograd.backward: count once
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                rec.in_tensor_backward = False
+        return backward
+
+    _wrap(torch.Tensor, "backward", make_tensor_backward)
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def autograd_backward(tensors, *args, **kwargs):
+        if not rec.in_tensor_backward:
+            first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+            rec.on_backward(first)
+        return original(tensors, *args, **kwargs)
+
+    _set(torch.autograd, "backward", autograd_backward)
+
+
+def _patch_clip(rec: Recorder) -> None:
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"):
+        original = getattr(clip_mod, name, None)
+        if original is None:
+            continue
+
+        def make(orig, name=name):
+            def clip(parameters, *args, **kwargs):
+                params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                rec.on_clip(name, params)
+                return orig(params, *args, **kwargs)
+            return functools.wraps(orig)(clip)
+
+        wrapped = make(original)
+        if getattr(nn_utils, name, None) is original:
+            _set(nn_utils, name, wrapped)
+        _set(clip_mod, name, wrapped)
+
+
+def _patch_schedulers(rec: Recorder) -> None:
+    from torch.optim import lr_scheduler
+
+    def make_step(orig):
+        def step(self, *args, **kwargs):
+            rec.on_scheduler_step(self)
+            return orig(self, *args, **kwargs)
+        return step
+
+    def make_initial(orig):
+        def _initial_step(self, *args, **kwargs):
+            rec.in_scheduler_init += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                rec.in_scheduler_init -= 1
+        return _initial_step
+
+    seen = set()
+    for cls in (lr_scheduler.LRScheduler, *_subclasses(lr_scheduler.LRScheduler)):
+        if "step" in vars(cls) and vars(cls)["step"] not in seen:
+            seen.add(vars(cls)["step"])
+            _wrap(cls, "step", make_step)
+    if hasattr(lr_scheduler.LRScheduler, "_initial_step"):
+        _wrap(lr_scheduler.LRScheduler, "_initial_step", make_initial)
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _patch_save(rec: Recorder) -> None:
+    original = torch.save
+
+    @functools.wraps(original)
+    def save(obj, *args, **kwargs):
+        rec.on_save(obj)
+        return original(obj, *args, **kwargs)
+
+    _set(torch, "save", save)
+
+
+def _patch_half(rec: Recorder) -> None:
+    def make_cast(orig, dtype):
+        def cast(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            rec.on_module_to_half(self, dtype)
+            return out
+        return cast
+
+    _wrap(nn.Module, "half", lambda o: make_cast(o, torch.float16))
+    _wrap(nn.Module, "bfloat16", lambda o: make_cast(o, torch.bfloat16))
+
+    def make_to(orig):
+        def to(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            try:
+                dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+            except Exception:  # noqa: BLE001 - let torch's own error stand
+                dtype = None
+            if dtype in (torch.float16, torch.bfloat16):
+                rec.on_module_to_half(self, dtype)
+            return out
+        return to
+
+    _wrap(nn.Module, "to", make_to)

@@ -1,0 +1,428 @@
+"""The run-time state machine of a traced script: events per optimizer step and the AMP
+protocol checks that need live objects (which optimizer a parameter belongs to, whether the
+loss being backpropagated came out of `scaler.scale`).
+
+Everything here runs inside the child process that runs the user's script. The wrappers in
+`patches` call the `on_*` methods; each protocol mistake is recorded as a violation at the
+user's file and line where the offending call ran. `analysis` turns them into Findings.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from .locate import user_frame
+
+MAX_EVENTS_PER_STEP = 100
+MAX_VIOLATIONS = 500
+HALF = (torch.float16, torch.bfloat16)
+# calls that finish a step rather than start the next one
+TRAILING = {"scaler.update", "scheduler.step", "torch.save", "scaler.state_dict", "clip_grad_norm_",
+            "clip_grad_value_", "clip_grad_norm"}
+
+
+class TraceStop(BaseException):
+    """Raised into the user's script after N optimizer steps; BaseException so `except Exception`
+    in the script does not swallow it."""
+
+
+class TraceTimeout(BaseException):
+    """Raised into the user's script when the parent's time limit asks it to stop."""
+
+
+def _autocast_now() -> str | None:
+    """The autocast dtype active on cpu or cuda right now, or None."""
+    for dev in ("cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        except (RuntimeError, TypeError, AttributeError):
+            continue
+    return None
+
+
+class Recorder:
+    """Step counting, the timeline, and the per-step protocol state."""
+
+    def __init__(self, steps: int, on_step: Callable[["Recorder", dict], None] | None = None):
+        self.target = steps
+        self.on_step = on_step  # numerics: called after every completed step
+        self.steps = 0  # optimizer steps completed (scaler-skipped ones included), all optimizers
+        self.stop_pending = False
+        self.timeline: list[dict] = [self._new_step(0)]
+        self.violations: list[dict] = []
+        self.scalers: "weakref.WeakSet" = weakref.WeakSet()
+        self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self.created_at: dict[int, tuple] = {}  # id(optimizer) -> where it was constructed
+        self.half_at: dict[int, tuple] = {}  # id(param) -> where .half()/.to(float16) made it half
+        self.checked_optimizers: set[int] = set()
+        self.autocast_stack: list[tuple[str, str, bool]] = []
+        self.in_scaler_step: list[dict] = []  # frames of scaler.step calls in progress
+        self.in_scheduler_init = 0
+        self.in_tensor_backward = False
+        self.open_next = False  # a step just completed; update/scheduler/save still belong to it
+        self.scheduler_where: dict | None = None
+        self.before_step: Callable[["Recorder", Any], None] | None = None  # numerics, steps without a scaler
+        self.after_skip: Callable[["Recorder"], None] | None = None  # numerics: a step GradScaler skipped
+        self.muted = False  # numerics re-runs a forward: its autocast/backward calls are not the script's
+        self.on_stop_pending: Callable[[], None] | None = None
+        self._reset_iteration()
+        self.scaler_stage: dict[tuple[int, int], str] = {}  # (scaler, optimizer) -> unscaled|stepped
+        self.scaler_stepped_since_update: dict[int, bool] = {}
+        self.update_mark: dict[int, int] = {}  # id(scaler) -> steps completed at its last update()
+        self.scaler_step_where: dict | None = None
+        self.last_step_skipped = False
+        self.last_step_via_scaler = False
+        self.scheduler_after_scaler_steps = 0
+        self.scaler_steps = 0
+        self.losses: list[torch.Tensor] = []
+        self.series: list[dict] = []  # per completed step: skipped, scale, loss
+        self.started = time.monotonic()
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def _new_step(self, index: int) -> dict:
+        return {"step": index, "events": [], "dropped_events": 0}
+
+    def _reset_iteration(self) -> None:
+        self.backwards: list[dict] = []  # backward calls since the last optimizer step
+        self.fp16_autocast_since_step = False
+        self.scaled_pending = False  # a scaled backward whose grads no unscale_ has touched
+        self.unscaled_params: set[int] = set()
+        self.step_flagged: set[str] = set()
+
+    def event(self, kind: str, where: tuple | None = None, **data: Any) -> dict:
+        path, line, func = where or user_frame(3)
+        ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
+        if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
+            self.open_next = False
+            self.timeline.append(self._new_step(self.steps))
+        cur = self.timeline[-1]
+        if len(cur["events"]) < MAX_EVENTS_PER_STEP:
+            cur["events"].append(ev)
+        else:
+            cur["dropped_events"] += 1
+        return ev
+
+    def violation(self, rule: str, ev: dict, message: str, **data: Any) -> None:
+        if len(self.violations) >= MAX_VIOLATIONS:
+            return
+        self.violations.append({"rule": rule, "path": ev.get("path"), "line": ev.get("line"),
+                                "function": ev.get("function"), "step": self.timeline[-1]["step"],
+                                "message": message, "data": data})
+
+    def maybe_stop(self) -> None:
+        """Stop at the first call that starts a new step once N steps are done."""
+        if self.stop_pending:
+            self.stop_pending = False
+            raise TraceStop()
+
+    def enabled_scalers(self) -> list:
+        return [s for s in list(self.scalers) if _scaler_enabled(s)]
+
+    # -- autocast ------------------------------------------------------------------------
+    def on_autocast_enter(self, ac) -> None:
+        if self.muted:
+            return
+        dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
+        enabled = bool(getattr(ac, "_enabled", True))
+        dev = getattr(ac, "device", "?")
+        self.autocast_stack.append((dev, dtype, enabled))
+        if enabled and dtype == "float16":
+            self.fp16_autocast_since_step = True
+        if len(self.timeline[-1]["events"]) < 8:  # the first few per step; a model may enter it per layer
+            self.event("autocast", device=dev, dtype=dtype, enabled=enabled)
+
+    def on_autocast_exit(self) -> None:
+        if self.autocast_stack and not self.muted:
+            self.autocast_stack.pop()
+
+    # -- backward ------------------------------------------------------------------------
+    def on_backward(self, tensor) -> None:
+        if self.muted:
+            return
+        self.maybe_stop()
+        scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
+        ev = self.event("backward", scaled=scaled_by is not None)
+        ac = _autocast_now()
+        if ac is not None:
+            self.violation("AMP104", ev, f"backward() runs inside an enabled autocast region ({ac})",
+                           autocast=ac)
+        scaler = scaled_by() if scaled_by is not None else None
+        record = {"ev": ev, "scaled": scaler is not None and _scaler_enabled(scaler),
+                  "fp16": self.fp16_autocast_since_step}
+        self.backwards.append(record)
+        if record["scaled"]:
+            self.scaled_pending = True
+            self.unscaled_params.clear()
+        if isinstance(tensor, torch.Tensor) and tensor.numel() == 1 and not record["scaled"]:
+            self.losses.append(tensor.detach())
+
+    # -- GradScaler ------------------------------------------------------------------------
+    def on_scaler_init(self, scaler) -> None:
+        self.scalers.add(scaler)
+
+    def on_scale(self, scaler, loss, out) -> None:
+        if isinstance(out, torch.Tensor) and _scaler_enabled(scaler):
+            try:
+                out._trace_scaled_by = weakref.ref(scaler)
+            except (AttributeError, RuntimeError, TypeError):
+                pass
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self.losses.append(loss.detach())
+
+    def on_unscale(self, scaler, optimizer) -> None:
+        ev = self.event("scaler.unscale_")
+        self.optimizers.add(optimizer)
+        key = (id(scaler), id(optimizer))
+        if _scaler_enabled(scaler):
+            stage = self.scaler_stage.get(key)
+            if stage == "unscaled":
+                self.violation("AMP112", ev, "scaler.unscale_(optimizer) is called a second time before "
+                               "scaler.update() for the same optimizer")
+            elif stage == "stepped":
+                self.violation("AMP113", ev, "scaler.unscale_() follows a scaler.step() that was never "
+                               "followed by scaler.update()")
+            self._check_unscaled_backward(ev)
+        self.scaler_stage[key] = "unscaled"
+        self.unscaled_params.update(id(p) for p in _params_of(optimizer))
+
+    def on_scaler_step_enter(self, scaler, optimizer) -> dict:
+        self.maybe_stop()
+        ev = self.event("scaler.step")
+        self.optimizers.add(optimizer)
+        if self.scaler_step_where is None and _scaler_enabled(scaler):
+            self.scaler_step_where = {"path": ev["path"], "line": ev["line"]}
+        key = (id(scaler), id(optimizer))
+        if _scaler_enabled(scaler):
+            if self.scaler_stage.get(key) == "stepped":
+                self.violation("AMP113", ev, "scaler.step(optimizer) is called again before scaler.update(): "
+                               "the previous step was never followed by update()")
+            self._check_unscaled_backward(ev)
+        self._check_autocast_at_step(ev)
+        frame = {"scaler": scaler, "optimizer": optimizer, "ran": False, "ev": ev}
+        self.in_scaler_step.append(frame)
+        return frame
+
+    def on_scaler_step_exit(self, frame: dict) -> None:
+        self.in_scaler_step.pop()
+        scaler = frame["scaler"]
+        self.scaler_stage[(id(scaler), id(frame["optimizer"]))] = "stepped"
+        self.scaler_stepped_since_update[id(scaler)] = True
+        if not _scaler_enabled(scaler):
+            return
+        self.scaler_steps += 1
+        if not frame["ran"]:  # GradScaler found inf/NaN gradients and skipped optimizer.step()
+            if self.after_skip is not None:
+                self.after_skip(self)
+            self.complete_step(skipped=True, via_scaler=True, scaler=scaler)
+
+    def _check_unscaled_backward(self, ev: dict) -> None:
+        """AMP115: the scaler unscales gradients that no scaled backward produced."""
+        if self.backwards and not any(b["scaled"] for b in self.backwards) and "AMP115" not in self.step_flagged:
+            self.step_flagged.add("AMP115")
+            self.violation("AMP115", self.backwards[0]["ev"], "backward() ran on an unscaled loss, then the "
+                           f"GradScaler ({ev['kind']}) unscaled (divided) those gradients by the loss scale",
+                           scaler_call={"path": ev["path"], "line": ev["line"], "kind": ev["kind"]})
+
+    def on_scaler_update_pre(self, scaler) -> None:
+        """AMP109 before torch's own assertion can stop the script."""
+        if not _scaler_enabled(scaler) or self.scaler_stepped_since_update.get(id(scaler), False):
+            return
+        if self.update_mark.get(id(scaler), 0) != self.steps:
+            return  # an optimizer step happened since the last update (directly: AMP116's business)
+        ev = self.event("scaler.update")
+        self.violation("AMP109", ev, "scaler.update() is called without a scaler.step() since the "
+                       "previous update() (once per micro-batch instead of once per optimizer step)")
+
+    def on_scaler_update(self, scaler, before: float | None, after: float | None) -> None:
+        self.event("scaler.update", scale_before=before, scale_after=after)
+        self.update_mark[id(scaler)] = self.steps
+        self.scaler_stepped_since_update[id(scaler)] = False
+        for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
+            del self.scaler_stage[key]
+        if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
+            self.series[-1]["scale_after"] = after
+
+    # -- optimizer -----------------------------------------------------------------------
+    def on_optimizer_init(self, optimizer) -> None:
+        self.created_at.setdefault(id(optimizer), user_frame(3))
+
+    def on_optimizer_pre(self, optimizer) -> None:
+        self.optimizers.add(optimizer)
+        if self.in_scaler_step:
+            self.in_scaler_step[-1]["ran"] = True
+            ev = self.in_scaler_step[-1]["ev"]
+        else:
+            self.maybe_stop()
+            ev = self.event("optimizer.step", optimizer=type(optimizer).__name__)
+            self._check_autocast_at_step(ev)
+            if self.scaled_pending or any(b["scaled"] for b in self.backwards):
+                self.violation("AMP116", ev, "optimizer.step() is called directly after a scaled backward: "
+                               "it applies gradients still multiplied by the loss scale and ignores inf/NaN")
+        if id(optimizer) not in self.checked_optimizers:
+            self.checked_optimizers.add(id(optimizer))
+            self._check_half_params(optimizer, ev)
+        scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
+        if self.before_step is not None and not (scaler is not None and _scaler_enabled(scaler)):
+            self.before_step(self, optimizer)  # no GradScaler checked these gradients
+
+    def on_optimizer_post(self, optimizer) -> None:
+        scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
+        via = scaler is not None and _scaler_enabled(scaler)
+        self.complete_step(skipped=False, via_scaler=via, scaler=scaler if via else None)
+
+    def _check_autocast_at_step(self, ev: dict) -> None:
+        ac = _autocast_now()
+        if ac is not None and "AMP105" not in self.step_flagged:
+            self.step_flagged.add("AMP105")
+            self.violation("AMP105", ev, f"the optimizer step runs inside an enabled autocast region ({ac})",
+                           autocast=ac)
+
+    def _check_half_params(self, optimizer, ev: dict) -> None:
+        half = [p for p in _params_of(optimizer) if p.dtype in HALF]
+        if not half:
+            return
+        total = sum(1 for _ in _params_of(optimizer))
+        dtype = str(half[0].dtype).replace("torch.", "")
+        where = next((self.half_at[id(p)] for p in half if id(p) in self.half_at), None)
+        how = "converted by this call"
+        if where is None:
+            where, how = self.created_at.get(id(optimizer)) or (ev["path"], ev["line"], ev["function"]), \
+                "optimizer created here"
+        loc = {"path": where[0], "line": where[1], "function": where[2]}
+        self.violation("AMP111", loc, f"{type(optimizer).__name__} updates {len(half)} of {total} parameters "
+                       f"stored in {dtype}: no float32 master weights, small updates round away",
+                       dtype=dtype, half_params=len(half), params=total, located=how,
+                       optimizer_step={"path": ev["path"], "line": ev["line"]})
+
+    # -- step boundaries --------------------------------------------------------------------
+    def complete_step(self, skipped: bool, via_scaler: bool, scaler=None) -> None:
+        """One optimizer step finished (or was skipped by GradScaler): close the step's record."""
+        for b in self.backwards:
+            if not b["scaled"] and b["fp16"] and not via_scaler:
+                self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
+                               "without GradScaler: small gradients flush to zero in float16")
+                break
+        scale = None
+        if scaler is not None and _scaler_enabled(scaler):
+            try:
+                scale = float(scaler.get_scale())
+            except Exception:  # noqa: BLE001 - a scaler in an odd state must not break the trace
+                scale = None
+        loss = self._step_loss()
+        rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
+               "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
+        self.series.append(rec)
+        self.timeline[-1].update({"skipped": skipped, "scale": scale, "loss": loss})
+        self.last_step_skipped = skipped
+        self.last_step_via_scaler = via_scaler
+        self.steps += 1
+        self._reset_iteration()
+        if self.on_step is not None:
+            self.on_step(self, rec)
+        self.open_next = True
+        if self.steps >= self.target and not self.stop_pending:
+            self.stop_pending = True
+            if self.on_stop_pending is not None:
+                self.on_stop_pending()
+
+    def peek_loss(self) -> float | None:
+        """The latest (unscaled) loss of this step as a float, without closing the step."""
+        if not self.losses:
+            return None
+        try:
+            return float(self.losses[-1].float().item())
+        except Exception:  # noqa: BLE001 - a loss tensor in an odd state must not break the trace
+            return None
+
+    def _step_loss(self) -> float | str | None:
+        """The (unscaled) loss of the step as a number; one host sync, once per step."""
+        value = self.peek_loss()
+        self.losses = []
+        if value is None:
+            return None
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return value
+
+    # -- other calls -------------------------------------------------------------------------
+    def on_clip(self, kind: str, params: list) -> None:
+        ev = self.event(kind)
+        if not self.scaled_pending:
+            return
+        with_grad = [p for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
+        still = [p for p in with_grad if id(p) not in self.unscaled_params]
+        if still:
+            self.violation("AMP101", ev, f"{kind} runs on gradients still multiplied by the loss scale "
+                           f"({len(still)} of {len(with_grad)} parameters not unscaled): the clip threshold "
+                           "is effectively divided by the scale", scaled_params=len(still))
+
+    def on_scheduler_step(self, scheduler) -> None:
+        if self.in_scheduler_init:
+            return
+        ev = self.event("scheduler.step", scheduler=type(scheduler).__name__)
+        if self.steps and self.last_step_via_scaler:
+            self.scheduler_after_scaler_steps += 1
+            if self.scheduler_where is None:
+                self.scheduler_where = {"path": ev["path"], "line": ev["line"]}
+            if self.last_step_skipped:
+                self.violation("AMP107", ev, f"the LR scheduler stepped right after step {self.steps - 1}, "
+                               "which GradScaler skipped (inf/NaN gradients): the schedule runs ahead of "
+                               "the optimizer", skipped_step=self.steps - 1)
+        self.last_step_via_scaler = False
+
+    def on_save(self, obj) -> None:
+        ev = self.event("torch.save")
+        has_opt, has_scaler = _inspect_saved(obj)
+        if has_opt and not has_scaler and self.enabled_scalers():
+            self.violation("AMP110", ev, "torch.save() writes optimizer state but no GradScaler state while "
+                           "an enabled GradScaler is in use: a resumed run restarts the loss scale")
+
+    def on_module_to_half(self, module, dtype) -> None:
+        where = user_frame(3)
+        for p in module.parameters():
+            if p.dtype in HALF:
+                self.half_at[id(p)] = where
+
+
+def _scaler_enabled(scaler) -> bool:
+    try:
+        return bool(scaler.is_enabled())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _params_of(optimizer):
+    for group in getattr(optimizer, "param_groups", ()):
+        for p in group.get("params", ()):
+            yield p
+
+
+def _inspect_saved(obj, depth: int = 0) -> tuple[bool, bool]:
+    """(holds optimizer state, holds GradScaler state) for what torch.save is given."""
+    if isinstance(obj, torch.optim.Optimizer):
+        return True, False
+    if isinstance(obj, torch.amp.GradScaler):
+        return False, True
+    if depth > 3:
+        return False, False
+    if isinstance(obj, dict):
+        keys = set(k for k in obj.keys() if isinstance(k, str))
+        opt = {"state", "param_groups"} <= keys
+        scaler = "growth_factor" in keys and "scale" in keys or any("scaler" in k.lower() for k in keys)
+        for v in obj.values():
+            o, s = _inspect_saved(v, depth + 1)
+            opt, scaler = opt or o, scaler or s
+        return opt, scaler
+    if isinstance(obj, (list, tuple)):
+        opt = scaler = False
+        for v in obj:
+            o, s = _inspect_saved(v, depth + 1)
+            opt, scaler = opt or o, scaler or s
+        return opt, scaler
+    return False, False

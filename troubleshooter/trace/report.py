@@ -1,0 +1,158 @@
+"""The trace report: the JSON object of the `trace` contract, its exit code, and its text and
+Markdown renderings (CLI and app)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..findings import Finding, Severity, findings_to_markdown, has_problems, sort_key
+from ..jsonsafe import jsonable
+
+STATUS_TEXT = {
+    "stopped": "stopped cleanly after the requested steps",
+    "finished": "ran to its end",
+    "exited": "exited with a non-zero status",
+    "raised": "raised an exception",
+    "timeout": "hit the time limit and was stopped",
+    "crashed": "died without reporting (killed, out of memory, or a crash in native code)",
+}
+
+
+def build(script: str, argv: list[str], device_req: str, raw: dict, findings: list[Finding],
+          explained: list[dict], nan: bool, headroom: bool, scale: list, skipped: list[int]) -> dict:
+    proc = raw.get("process") or {}
+    exit_info = dict(raw.get("exit") or {})
+    if not raw.get("final"):
+        exit_info = {"status": "timeout" if proc.get("timed_out") else "crashed", "exception": None,
+                     "code": proc.get("returncode")}
+    exc = exit_info.get("exception")
+    if exc:
+        exc = {**exc, "explain": explained}
+    numerics = raw.get("numerics") or {}
+    findings = sorted(findings, key=lambda f: (-f.severity.rank, *sort_key(f)))
+    report = {
+        "script": script,
+        "argv": argv,
+        "device": {"requested": device_req, **(raw.get("device") or {"type": None, "index": None, "name": None})},
+        "steps_observed": int(raw.get("steps_observed") or 0),
+        "exit": {"status": exit_info.get("status"), "exception": exc, "code": exit_info.get("code"),
+                 "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),
+                 "wall_s": proc.get("wall_s"), "stdout_tail": proc.get("stdout_tail", ""),
+                 "stderr_tail": proc.get("stderr_tail", "")},
+        "findings": [{**f.to_dict(), "step": _first_step(f)} for f in findings],
+        "timeline": raw.get("timeline") or [],
+        "scale": scale,
+        "skipped_steps": skipped,
+        "nan": {k: v for k, v in numerics.items() if k != "headroom_steps"} | {"enabled": nan},
+        "headroom": {"enabled": headroom, "steps": numerics.get("headroom_steps", []) if headroom else []},
+    }
+    return jsonable(report)
+
+
+def _first_step(f: Finding) -> int | None:
+    """The first optimizer step (0-based) where the finding was seen, None when not tied to one."""
+    d = f.data
+    for key in ("step", "steps", "skipped_steps"):
+        v = d.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, list) and v and isinstance(v[0], int):
+            return v[0]
+    return None
+
+
+def exit_code(report: dict) -> int:
+    """0 without error/warning findings, 1 with some (a script that raised or timed out counts)."""
+    findings = [Finding.from_dict(f) for f in report.get("findings", [])]
+    bad_exit = (report.get("exit") or {}).get("status") in ("raised", "timeout", "crashed", "exited")
+    return 1 if has_problems(findings) or bad_exit else 0
+
+
+def _head(report: dict) -> str:
+    dev = report.get("device") or {}
+    ex = report.get("exit") or {}
+    argv = " ".join(report.get("argv") or [])
+    return (f"Traced `python {argv}` on {dev.get('name') or dev.get('requested')}: "
+            f"{report.get('steps_observed')} optimizer steps observed; the script {ex.get('description') or ex.get('status')}"
+            + (f" after {ex['wall_s']:.1f} s" if isinstance(ex.get("wall_s"), (int, float)) else ""))
+
+
+def _scale_line(report: dict) -> str | None:
+    scale = [s for s in report.get("scale") or [] if s is not None]
+    if not scale:
+        return None
+    skipped = report.get("skipped_steps") or []
+    return (f"Loss scale per step: {' '.join(f'{s:g}' for s in scale[:40])}" + (" ..." if len(scale) > 40 else "")
+            + f"; skipped steps: {', '.join(map(str, skipped)) if skipped else 'none'}")
+
+
+def _short(path: str) -> str:
+    """A path relative to the current directory when it is below it (shorter in tables)."""
+    import os
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def render_text(report: dict) -> str:
+    """The terminal report: header, findings with file:line, loss scale, exception."""
+    out = [_head(report), ""]
+    findings = report.get("findings") or []
+    if not findings:
+        out.append("No findings: the AMP protocol looked right on every traced step.")
+    for f in findings:
+        where = f"{_short(f['path'])}:{f['line']}" if f.get("path") else ""
+        if f.get("module") is not None:
+            where += f" module '{f['module'] or '<root>'}'"
+        if f.get("precision"):
+            where += f" ({f['precision']})"
+        out.append(f"{f['severity'].upper():7} {f['rule']} {f['name']} - {where.strip() or 'run'}")
+        out.append(f"        {f['message']}")
+        if f.get("suggestion"):
+            out.append(f"        fix: {f['suggestion']}")
+    line = _scale_line(report)
+    if line:
+        out += ["", line]
+    exc = (report.get("exit") or {}).get("exception")
+    if exc:
+        out += ["", "Traceback of the script (last lines):", *exc.get("traceback", "").rstrip().splitlines()[-8:]]
+    return "\n".join(out)
+
+
+def render_markdown(report: dict) -> str:
+    """For the app: the header, the findings table (marked as seen at run time), loss scale."""
+    findings = [Finding.from_dict({**f, "path": _short(f["path"]) if f.get("path") else None})
+                for f in report.get("findings") or []]
+    parts = [_head(report), "", findings_to_markdown(findings, "Seen at run time")]
+    line = _scale_line(report)
+    if line:
+        parts.append(line)
+    exc = (report.get("exit") or {}).get("exception")
+    if exc:
+        tb = "\n".join(exc.get("traceback", "").rstrip().splitlines()[-8:])
+        parts += ["", "<details><summary>Traceback of the script</summary>", "", "```", tb, "```", "</details>"]
+    return "\n".join(parts) + "\n"
+
+
+def severity_counts(report: dict) -> dict[str, Any]:
+    counts = {s.value: 0 for s in Severity}
+    for f in report.get("findings") or []:
+        counts[f["severity"]] = counts.get(f["severity"], 0) + 1
+    return counts
+
+
+def render_github(report: dict) -> str:
+    """GitHub Actions annotations (`::error file=...,line=...::`), one per finding."""
+    from ..lint.output import _GH_LEVEL, _gh_escape
+
+    out = []
+    for f in report.get("findings") or []:
+        props = [f"file={_gh_escape(f['path'], True)}"] if f.get("path") else []
+        if f.get("line"):
+            props.append(f"line={f['line']}")
+        props.append(f"title={_gh_escape(f['rule'] + ' ' + f['name'] + ' (seen at run time)', True)}")
+        module = f" [module '{f['module'] or '<root>'}']" if f.get("module") is not None else ""
+        out.append(f"::{_GH_LEVEL[f['severity']]} {','.join(props)}::"
+                   f"{_gh_escape(f['message'] + module + '. Fix: ' + (f.get('suggestion') or ''))}")
+    return "\n".join(out) + ("\n" if out else "")
