@@ -277,6 +277,27 @@ def test_python_model_file_runs_only_with_allow_exec_and_in_a_child(tmp_path, mo
     assert dims[("0", "out_features")]["padded"] == 16  # 12 -> 16: measured on the user's model
 
 
+def test_job_timeout_holds_for_an_uploaded_python_model_file(tmp_path, monkeypatch):
+    """A `build_model()` that never returns is stopped at the operator's --job-timeout, in check
+    and in speedup (the file isolates itself in its own child, which must get the limit)."""
+    from troubleshooter.ui import check, specinput, speedup
+    from troubleshooter.worker import WorkerError
+
+    model = tmp_path / "hangs.py"
+    model.write_text("import time\ndef build_model():\n    time.sleep(600)\n"
+                     "def make_batch(batch_size):\n    return None\n")
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setattr(SETTINGS, "job_timeout_s", 3.0)
+    source = specinput.source_from_inputs("Upload", "", "", "", str(model))
+    for run in (lambda: check.run(source, "cpu", ["alignment"], 1),
+                lambda: speedup.measure(source, "cpu", ["fp32"], 2)):
+        t = time.monotonic()
+        with pytest.raises(WorkerError, match="time limit of 3 s") as info:
+            run()
+        assert time.monotonic() - t < 60
+        assert "_python_job" not in str(info.value) and "/tmp" not in str(info.value)
+
+
 def test_a_findings_row_names_its_rule():
     from troubleshooter.ui import diagnose
 
@@ -316,7 +337,7 @@ def test_one_job_per_device(monkeypatch):
     assert host.device_key("cuda:1") == "cuda:1"
     order = []
 
-    def job(name, progress=None):
+    def job(name, progress=None, timeout_s=None):
         order.append(f"{name} start")
         time.sleep(0.2)
         order.append(f"{name} end")

@@ -271,8 +271,10 @@ def _capability_cached(device: str) -> dict:
         cached = host.host_info().get("capability")
         if cached:
             return cached
-    return jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120,
-                        device_key=host.device_key(device))
+    report = jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120,
+                          device_key=host.device_key(device))
+    report.pop("job", None)
+    return report
 
 
 def capability(device: str = "auto") -> dict:
