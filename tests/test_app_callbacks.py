@@ -176,7 +176,7 @@ def test_lint_syntax_error_and_unknown_rule_are_readable():
     from troubleshooter.ui import diagnose
 
     r = diagnose.lint_script("def f(:\n    pass\n", None)
-    assert r["errors"] and "line 1" in r["errors"][0] and "Error" in r["summary"]
+    assert r["errors"] and "line 1" in r["errors"][0] and "Could not analyse" in r["summary"]
     with pytest.raises(UserError, match="unknown rule.*'AMP999'"):
         diagnose.explain("amp999")
     assert "Why it matters" in diagnose.explain("amp101")
@@ -252,7 +252,7 @@ def test_mechanical_fixes_come_as_corrected_script_and_diff(tmp_path):
 
     p = tmp_path / "old_api.py"
     p.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
-    status, rows, md, js, rule, note, fixed, diff, fixed_path, diff_path = diagnose.ui_lint(None, str(p))
+    status, rows, md, js, rule, note, fixed, diff, fixed_path, diff_path, _ = diagnose.ui_lint(None, str(p))
     assert rule == "AMP106" and "AMP106 line 2" in note
     assert "torch.amp.GradScaler" in fixed and "torch.cuda.amp" not in fixed
     assert Path(fixed_path).read_text() == fixed and Path(fixed_path).name == "old_api_amp_fixed.py"
@@ -298,11 +298,60 @@ def test_job_timeout_holds_for_an_uploaded_python_model_file(tmp_path, monkeypat
         assert "_python_job" not in str(info.value) and "/tmp" not in str(info.value)
 
 
-def test_a_findings_row_names_its_rule():
+def test_a_clicked_row_maps_to_its_finding_by_index(tmp_path):
     from troubleshooter.ui import diagnose
 
-    assert diagnose.rule_of_row(["ERROR", "AMP101 clip-before-unscale", "13", "x", "m", "f"]) == "AMP101"
-    assert diagnose.rule_of_row(["", "", "", "", "", ""]) is None and diagnose.rule_of_row(None) is None
+    p = tmp_path / "train.py"
+    p.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text())
+    out = diagnose.ui_lint(None, str(p))
+    rows, row_rules = out[1], out[-1]
+    assert len(rows) == len(row_rules) and row_rules
+    for i, row in enumerate(rows):
+        assert diagnose.rule_at(row_rules, [i, 3]) == row_rules[i] and row[1].startswith(row_rules[i])
+    assert diagnose.rule_at(row_rules, [len(rows), 0]) is None and diagnose.rule_at(None, [0, 0]) is None
+
+
+def test_uploads_are_read_like_the_cli_reads_files(tmp_path):
+    """PEP 263 coding lines and the linter's 2 MB limit, through lint.source, as `lint FILE` does."""
+    from troubleshooter.lint import lint_paths
+    from troubleshooter.ui import diagnose
+
+    body = (FIXTURES / "lint" / "bad_AMP106.py").read_text()
+    latin = tmp_path / "entrainement.py"
+    latin.write_bytes(("# -*- coding: latin-1 -*-\n# réglage du modèle\n" + body).encode("latin-1"))
+    r = diagnose.lint_script("", str(latin))
+    cli = lint_paths([str(latin)])
+    assert not r["errors"] and r["rules_found"] == sorted({f.rule for f in cli.findings})
+    assert [f["line"] for f in r["report"]["findings"]] == [f.location.line for f in cli.findings]
+    fixed = Path(diagnose.ui_lint("", str(latin))[8])
+    assert "torch.amp.GradScaler" in fixed.read_bytes().decode("latin-1")  # kept in its declared encoding
+
+    big = tmp_path / "huge.py"
+    big.write_bytes(b"x = 1\n" * 600_000)  # 3.6 MB: under the server's upload limit, over the linter's
+    with pytest.raises(UserError, match="up to 2 MB"):
+        diagnose.lint_script("", str(big))
+    assert "up to 2 MB" in lint_paths([str(big)]).errors[0].message
+    with pytest.raises(UserError, match="pasted code.*up to 2 MB"):
+        diagnose.lint_script("x = 1\n" * 600_000, None)
+
+
+def test_status_says_what_was_read_and_what_could_not_be(tmp_path):
+    from troubleshooter.ui import diagnose
+
+    up = tmp_path / "train.py"
+    up.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    both = diagnose.lint_script("x = 1\n", str(up))
+    assert "pasted code was not read" in both["summary"] and "train.py" in both["summary"]
+    broken = diagnose.lint_script("def f(:\n    pass\n", None)
+    assert "no findings" not in broken["summary"] and "could not analyse it" in broken["summary"]
+    assert "no mixed-precision problems" not in broken["summary"]
+    assert "could not be analysed" in diagnose.fix_note(broken)
+
+    cells = [{"cell_type": "code", "source": ["import torch\n", "scaler = torch.cuda.amp.GradScaler()\n"]}]
+    nb = tmp_path / "exp.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    note = diagnose.fix_note(diagnose.lint_script(None, str(nb)))
+    assert "AMP106" in note and "notebooks are not rewritten" in note and "No mechanical fix" not in note
 
 
 def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
@@ -349,3 +398,72 @@ def test_one_job_per_device(monkeypatch):
     for t in threads:
         t.join()
     assert order in (["a start", "a end", "b start", "b end"], ["b start", "b end", "a start", "a end"])
+
+
+# --- questionnaire: the detected device, not a bare name --------------------------------
+
+def test_detect_passes_the_device_capability_not_just_its_name(monkeypatch):
+    from troubleshooter import questionnaire as q
+    from troubleshooter.ui import check, questionnaire
+
+    cap = {"kind": "cuda", "device": "cuda:0", "name": "NVIDIA GeForce RTX 3080", "compute_capability": "8.6",
+           "memory_gb": 10.0, "summary": "NVIDIA GeForce RTX 3080 (sm_86)", "recommended_precision": "bf16"}
+    monkeypatch.setattr(check, "capability", lambda device="auto": dict(cap))
+    calls = []
+
+    def from_device(name, capability, memory_gb, vendor="nvidia"):
+        calls.append((name, capability, memory_gb, vendor))
+        return f"{name} (sm_{capability[0]}{capability[1]}, {memory_gb:g} GB)"
+
+    monkeypatch.setattr(q, "gpu_answer_from_device", from_device, raising=False)
+    answer, line = questionnaire.ui_detect()
+    assert calls == [("NVIDIA GeForce RTX 3080", (8, 6), 10.0, "nvidia")]
+    assert answer == "NVIDIA GeForce RTX 3080 (sm_86, 10 GB)" and "RTX 3080" in line
+    monkeypatch.delattr(q, "gpu_answer_from_device")
+    assert questionnaire.ui_detect()[0] == "NVIDIA GeForce RTX 3080"  # older library: the name, as before
+
+
+def test_an_empty_gpu_answer_says_it_means_the_server(monkeypatch):
+    from troubleshooter.ui import check, questionnaire
+
+    monkeypatch.setattr(check, "capability", lambda device="auto": {"kind": "cpu", "device": "cpu", "name": "CPU",
+                                                                    "bf16": {"native": True}})
+    d = questionnaire.recommend({"symptoms": []})
+    assert d["gpu_detected"] == "cpu"
+    assert "left empty" in questionnaire.decision_markdown(d)
+    assert "gpu_detected" not in questionnaire.recommend({"gpu": "A100", "symptoms": []})
+
+
+# --- messages: no server paths, no C++ assertion text, markdown shown literally -----------
+
+def test_inspect_messages_and_report_name_the_users_file_only(tmp_path):
+    import zipfile
+
+    import torch
+
+    from troubleshooter.ui import check, common
+
+    upload = tmp_path / "gradio" / "0f3a9c" / "notes.pt"
+    upload.parent.mkdir(parents=True)
+    with zipfile.ZipFile(upload, "w") as z:
+        z.writestr("hello.txt", "hi")  # a zip, not a torch.save archive: torch raises its C++ assertion
+    with pytest.raises(UserError) as info:
+        check.inspect_upload(str(upload))
+    shown = common.error_message(info.value)
+    assert "notes.pt" in shown and str(tmp_path) not in shown and "enforce fail" not in shown
+
+    good = tmp_path / "gradio" / "77aa" / "run.pt"
+    good.parent.mkdir(parents=True)
+    torch.save({"model": torch.nn.Linear(4, 4).state_dict(), "scaler": {"scale": 1024.0, "_growth_tracker": 3}}, good)
+    md, report = check.ui_inspect(str(good))
+    assert report["path"] == "run.pt" and str(tmp_path) not in md
+    assert "GradScaler state: yes" in md and "float32" in md  # the CLI's summary, in the page
+
+
+def test_error_markdown_shows_names_literally():
+    from troubleshooter.ui import common
+
+    md = common.error_markdown("it references __main__.Custom at <top level>; use `torch.amp`")
+    assert r"\_\_main\_\_" in md and r"\<top level\>" in md and "`torch.amp`" in md
+    assert common.public_text("bad /tmp/gradio/abc/x.pt and https://pytorch.org/a/b") == \
+        "bad x.pt and https://pytorch.org/a/b"

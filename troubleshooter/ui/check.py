@@ -240,8 +240,9 @@ def api_check(preset: str = "", yaml_text: str = "", spec_file: str | None = Non
 # ---------------------------------------------------------------- checkpoint and device
 
 
-def inspect_upload(checkpoint) -> dict:
-    """The `inspect` endpoint: the checkpoint report (loaded in a worker, never unpickling code)."""
+def inspect_report(checkpoint):
+    """The checkpoint's `InspectReport`, named by the file name the user gave it (never the
+    server's upload folder); loaded with torch.load(weights_only=True), so no code runs."""
     path = common.upload_path(checkpoint)
     if not path:
         raise UserError("upload a checkpoint (.pt/.pth/.bin/.ckpt/.safetensors) to inspect")
@@ -249,14 +250,23 @@ def inspect_upload(checkpoint) -> dict:
     from ..engine.inspect_checkpoint import inspect_checkpoint
 
     # In-process: torch.load(weights_only=True) runs no code, and the upload limit bounds memory.
-    return inspect_checkpoint(path).to_dict()
+    report = inspect_checkpoint(path)
+    report.path = common.display_name(path)
+    return report
+
+
+def inspect_upload(checkpoint) -> dict:
+    """The `inspect` endpoint: the checkpoint report as `inspect --format json` prints it."""
+    return inspect_report(checkpoint).to_dict()
 
 
 def ui_inspect(upload) -> tuple[str, dict]:
-    report = inspect_upload(upload)
-    findings = [Finding.from_dict(f) for f in report.get("findings", [])]
-    name = common.display_name(common.upload_path(upload))
-    return findings_to_markdown(findings, title=f"Checkpoint {name}"), report
+    """The Inspect button: the summary the CLI prints (what is present, dtypes, findings) shown
+    verbatim, and the JSON report."""
+    report = inspect_report(upload)
+    n = len(report.findings)
+    head = f"**{common.md_escape(report.path)}**: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings")
+    return f"{head}\n\n```text\n{report.to_text()}```\n", report.to_dict()
 
 
 def capability_in_child(device: str = "auto") -> dict:

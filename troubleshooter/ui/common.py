@@ -57,6 +57,13 @@ def check_size(path: str, max_bytes: int) -> int:
     return size
 
 
+def read_upload_bytes(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the uploaded file {display_name(path)}: {exc.strerror or exc}") from None
+
+
 def looks_binary(data: bytes) -> bool:
     """NUL bytes in the first few KiB: true for checkpoints, zips, images, compiled files."""
     return b"\x00" in data[:_SNIFF_BYTES]
@@ -94,21 +101,45 @@ def check_text_size(text: str | None, max_bytes: int, what: str = "the pasted te
     return text
 
 
+# An absolute path (two or more segments), not part of a URL or a dotted/relative name.
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`()<>,;]+/)+([^\s/'\"`()<>,;]+)")
+# PyTorch's C++ assertion prefix, e.g. "[enforce fail at inline_container.cc:180] . ".
+_ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
+
+
+def public_text(text: str) -> str:
+    """A message fit for a user: server paths reduced to the file's own name (an upload's name is
+    the one the user gave it), C++ assertion prefixes dropped."""
+    text = _ENFORCE.sub("", str(text))
+    return _ABS_PATH.sub(lambda m: m.group(1), text)
+
+
 def error_message(exc: BaseException) -> str:
     """One readable sentence for any exception; a bug in our code is logged with its traceback."""
     if isinstance(exc, UserError):
-        return str(exc)
+        return public_text(str(exc))
     if isinstance(exc, MemoryError):
         return "the server ran out of memory for this request; try a smaller model or input"
     log.exception("unexpected error in an app callback")
-    text = f"{type(exc).__name__}: {exc}".strip()
+    text = public_text(f"{type(exc).__name__}: {exc}".strip())
     return f"internal error ({text}); this is a bug in the troubleshooter, the server log has details"
 
 
-def error_markdown(exc_or_text: BaseException | str) -> str:
+_MD_SPECIAL = re.compile(r"([\\*_<>\[\]#|])")
+
+
+def md_escape(text: str) -> str:
+    """Text shown literally in Markdown (`__main__`, `<top level>` stay as typed); `code` spans
+    are left alone since Markdown already shows them literally."""
+    parts = str(text).split("`")
+    return "`".join(p if i % 2 else _MD_SPECIAL.sub(r"\\\1", p) for i, p in enumerate(parts))
+
+
+def error_markdown(exc_or_text: BaseException | str, title: str = "Error") -> str:
+    """A quoted block: the title, then the reason itself (never a bare "Error")."""
     text = exc_or_text if isinstance(exc_or_text, str) else error_message(exc_or_text)
-    body = "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
-    return f"> **Error**\n{body}\n"
+    body = "\n".join(f"> {md_escape(line)}" if line else ">" for line in text.splitlines())
+    return f"> **{title}**\n{body}\n"
 
 
 def _root() -> Path:
