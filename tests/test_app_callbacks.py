@@ -105,7 +105,8 @@ def test_job_crash_and_hang_are_readable_errors():
 def test_page_event_turns_errors_into_a_status_message():
     import gradio as gr
 
-    from troubleshooter.ui.glue import api_event, page_event
+    from troubleshooter.ui.api import endpoint
+    from troubleshooter.ui.glue import page_event
 
     def cb(x):
         raise UserError(f"{x} is not a script")
@@ -114,10 +115,10 @@ def test_page_event_turns_errors_into_a_status_message():
     assert out[0].startswith("> **Error**") and "photo.png is not a script" in out[0]
     assert out[1:] == (None, None)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
-        api_event(cb)("photo.png")
+        endpoint(cb)("photo.png")
 
 
-def test_progress_parameter_gets_a_gradio_tracker():
+def test_progress_reaches_the_callback_as_a_plain_callable():
     import inspect
 
     import gradio as gr
@@ -130,14 +131,14 @@ def test_progress_parameter_gets_a_gradio_tracker():
         progress(0.5, "half")
         return a
 
-    wrapped = page_event(cb, 1)
+    wrapped = page_event(cb, 1, progress=True)
     assert isinstance(inspect.signature(wrapped).parameters["progress"].default, gr.Progress)
 
     class Tracker(gr.Progress):
         def __call__(self, fraction, desc=None, **kw):
             calls.append((fraction, desc))
 
-    assert wrapped("x", Tracker()) == "x"
+    assert wrapped("x", progress=Tracker()) == "x"
     assert calls == [(0.5, "half")]
 
 
@@ -242,7 +243,7 @@ def test_recipe_from_controls_and_api():
     assert "GradScaler" in code and Path(path).name == "train_amp.py"
     assert Path(path).read_text() == code
     with pytest.raises(UserError, match="JSON object"):
-        recipe.api_recipe("precision=bf16")
+        recipe.parse_options("precision=bf16")
     with pytest.raises(UserError, match="channels"):
         recipe.render({"channels_last": True, "model": "transformer"})
 

@@ -218,23 +218,10 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     result = run(source, device, checks, steps, progress=progress)
     name = str(result.get("spec", {}).get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(result, indent=2, default=str))
-    return (status_markdown(result), capability_card(result), findings_markdown(result), alignment_rows(result),
-            skiprate_markdown(result), skiprate_figure(result), nan_markdown(result), headroom_markdown(result),
-            headroom_rows(result), path)
-
-
-def api_check(preset: str = "", yaml_text: str = "", spec_file: str | None = None, weights_file: str | None = None,
-              device: str = "auto", checks: str = ",".join(CHECK_NAMES), steps: float = 20,
-              progress=None) -> tuple[dict, str | None]:
-    """The `check` endpoint: (the `check --format json` object, the skip-rate plot as PNG or None)."""
-    source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    result = run(source, device, checks, steps, progress=progress)
-    fig = skiprate_figure(result)
-    png = None
-    if fig is not None:
-        png = common.write_download("skiprate.png", b"")
-        fig.savefig(png, format="png", bbox_inches="tight")
-    return result, png
+    say = common.for_page
+    return (say(status_markdown(result)), say(capability_card(result)), say(findings_markdown(result)),
+            alignment_rows(result), say(skiprate_markdown(result)), skiprate_figure(result),
+            say(nan_markdown(result)), say(headroom_markdown(result)), headroom_rows(result), path)
 
 
 # ---------------------------------------------------------------- checkpoint and device

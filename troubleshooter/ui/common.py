@@ -28,15 +28,30 @@ def _mib(n: float) -> str:
 
 
 def upload_path(upload) -> str | None:
-    """Gradio hands a filepath str (or an object with `.name`/`path`); normalise to a str."""
+    """Gradio hands a filepath str (page components) or a FileData dict/object (API endpoints);
+    normalise to a str. A FileData path must lie in Gradio's upload folder: an API caller names
+    it, and must not make the server read its own files."""
     if upload is None or upload == "":
         return None
     if isinstance(upload, (str, os.PathLike)):
         return str(upload)
-    if isinstance(upload, dict) and upload.get("path"):
-        return str(upload["path"])
-    name = getattr(upload, "path", None) or getattr(upload, "name", None)
-    return str(name) if name else None
+    if isinstance(upload, dict):
+        path = upload.get("path")
+    else:
+        path = getattr(upload, "path", None) or getattr(upload, "name", None)
+    if not path:
+        return None
+    return _in_upload_folder(str(path))
+
+
+def _in_upload_folder(path: str) -> str:
+    from gradio.utils import get_upload_folder
+
+    folder = os.path.realpath(get_upload_folder())
+    real = os.path.realpath(path)
+    if os.path.commonpath([folder, real]) != folder:
+        raise UserError(f"{Path(path).name}: not an uploaded file (send files with gradio_client.handle_file)")
+    return real
 
 
 def display_name(path: str | None) -> str:
@@ -114,10 +129,37 @@ def public_text(text: str) -> str:
     return _ABS_PATH.sub(lambda m: m.group(1), text)
 
 
+# Advice written for the command line, reworded for people who use the page or the API: they
+# set these through controls/parameters, and cannot set the server's environment at all.
+_CLI_ADVICE = [
+    (re.compile(r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)"),
+     " (a limit this server's operator sets)"),
+    (re.compile(r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?"), "the server's model-size limit"),
+    (re.compile(r"\s*\(--only\)"), ""),
+    (re.compile(r"a larger --budget\b"), "a larger time budget"),
+    (re.compile(r"--budget\b"), "the time budget"),
+    (re.compile(r"\(run without --compile\)"), "(run without torch.compile)"),
+    (re.compile(r"try --compile\b"), "try torch.compile"),
+    (re.compile(r"run with --device (\w+)"), r"choose the device \1"),
+    (re.compile(r"\(use --device (\w+)\)"), r"(choose the device \1)"),
+    (re.compile(r"--only\b"), "the checks"),
+    (re.compile(r"--steps\b"), "steps"),
+]
+
+
+def for_page(text: str) -> str:
+    """Library text as the page and API say it: no command-line flags or environment variables
+    the reader cannot set from a browser."""
+    text = str(text)
+    for pattern, repl in _CLI_ADVICE:
+        text = pattern.sub(repl, text)
+    return text
+
+
 def error_message(exc: BaseException) -> str:
     """One readable sentence for any exception; a bug in our code is logged with its traceback."""
     if isinstance(exc, UserError):
-        return public_text(str(exc))
+        return for_page(public_text(str(exc)))
     if isinstance(exc, MemoryError):
         return "the server ran out of memory for this request; try a smaller model or input"
     log.exception("unexpected error in an app callback")
@@ -149,9 +191,20 @@ def _root() -> Path:
     return _download_root
 
 
+def download_root() -> Path:
+    """Where generated downloads live (only they: uploads are staged beside it, not in it), so
+    the server may hand out files from here (`allowed_paths`) and from nowhere else."""
+    folder = _root() / "downloads"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def _prune(root: Path) -> None:
     cutoff = time.time() - _DOWNLOAD_TTL_S
     for child in root.iterdir():
+        if child.name == "downloads":
+            _prune(child)
+            continue
         try:
             if child.stat().st_mtime < cutoff:
                 shutil.rmtree(child, ignore_errors=True)
@@ -176,13 +229,26 @@ def write_download(filename: str, content: str | bytes) -> str:
     Each call gets its own directory so the user's file keeps its plain name
     (`train_amp.py`, not a random one) and concurrent users never overwrite each other.
     """
-    folder = fresh_dir()
+    _prune(_root())
+    folder = Path(tempfile.mkdtemp(dir=download_root()))
     path = folder / (_SAFE.sub("_", filename) or "download")
     if isinstance(content, bytes):
         path.write_bytes(content)
     else:
         path.write_text(content, encoding="utf-8")
     return str(path)
+
+
+def save_figure(fig, filename: str) -> str | None:
+    """A matplotlib figure as a PNG download (None when there is no figure)."""
+    if fig is None:
+        return None
+    path = write_download(filename, b"")
+    fig.savefig(path, format="png", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
 
 
 def md_cell(value) -> str:

@@ -181,13 +181,17 @@ def _decision_options(d: dict) -> dict:
     return dict(d.get("recipe_options") or {})
 
 
+def recommend_with_loop(answers: dict) -> tuple[dict, str, str]:
+    """(decision JSON, the generated training loop, its train_amp.py download)."""
+    d = recommend(answers)
+    code, path = recipe.render(_decision_options(d))
+    return d, code, path
+
+
 def ui_recommend(*values) -> tuple:
     """The Recommend button: (recommendation, code, train_amp.py, *recipe-builder control values)."""
-    answers = answers_from_controls(*values)
-    d = recommend(answers)
-    options = _decision_options(d)
-    code, path = recipe.render(options)
-    return (decision_markdown(d), code, path, *recipe.controls_from_options(options))
+    d, code, path = recommend_with_loop(answers_from_controls(*values))
+    return (decision_markdown(d), code, path, *recipe.controls_from_options(_decision_options(d)))
 
 
 def ui_detect() -> tuple[str, str]:
@@ -232,15 +236,3 @@ def parse_answers(answers) -> dict:
     if not isinstance(value, dict):
         raise UserError('answers must be a JSON object, e.g. {"gpu": "A100"}')
     return value
-
-
-def api_recommend(answers: str) -> tuple[dict, str, str]:
-    """The `recommend` endpoint: answers JSON -> (decision JSON, generated loop, train_amp.py)."""
-    d = recommend(parse_answers(answers))
-    code, path = recipe.render(_decision_options(d))
-    return d, code, path
-
-
-def api_explain(text: str) -> dict:
-    """The `explain` endpoint: a pasted error/log -> the explain report JSON."""
-    return explain(text)["report"]

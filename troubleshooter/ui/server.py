@@ -110,6 +110,8 @@ def apply(settings: Settings) -> None:
 
 def launch_kwargs(settings: Settings) -> dict:
     """Keyword arguments for `demo.launch` (gradio 6: theme/css also go here)."""
+    from .common import download_root
+
     return {
         "server_name": settings.host,
         "server_port": settings.port,
@@ -117,4 +119,6 @@ def launch_kwargs(settings: Settings) -> dict:
         "max_file_size": settings.max_file_bytes,
         "show_error": True,  # gr.Error messages reach the page and API clients
         "footer_links": ["api"],
+        # API endpoints hand out generated reports and plots from here (random folder names)
+        "allowed_paths": [str(download_root())],
     }

@@ -137,16 +137,5 @@ def ui_speedup(mode, preset, params, yaml_text, upload, device, precisions, budg
     result = measure(source, device, precisions, budget_s, compile, progress=progress)
     name = result.get("spec", {}).get("name", "model")
     status = f"Measured **{name}** in {', '.join(result.get('results', {})) or 'no precision'}."
-    return status, table_rows(result), figure(result), verdict_markdown(result), _json_download(result)
-
-
-def api_speedup(preset: str = "", yaml_text: str = "", spec_file: str | None = None, device: str = "auto",
-                precisions: str = "fp32,tf32,fp16,bf16", budget_s: float = 30, compile: bool = False,
-                progress=None) -> tuple[dict, str]:
-    """The `speedup` endpoint: (the `speedup --format json` object, the plot as PNG)."""
-    source = specinput.source_for_api(preset, yaml_text, spec_file)
-    result = measure(source, device, precisions, budget_s, compile, progress=progress)
-    fig = figure(result)
-    png = common.write_download("speedup.png", b"")
-    fig.savefig(png, format="png", bbox_inches="tight")
-    return result, png
+    rows = [[common.for_page(c) if isinstance(c, str) else c for c in row] for row in table_rows(result)]
+    return status, rows, figure(result), common.for_page(verdict_markdown(result)), _json_download(result)
