@@ -110,12 +110,14 @@ def test_capability_and_inspect(client, tmp_path):
     torch.save({"model": torch.nn.Linear(10, 3).half().state_dict(), "step": 3}, ckpt)
     report = client.predict(checkpoint=handle_file(str(ckpt)), api_name="/inspect")
     assert isinstance(report, dict) and "findings" in report
+    assert report["path"] == "model.pt"  # the user's name for it, not the server's upload folder
     text = tmp_path / "notes.pt"
     text.write_text("not a checkpoint")
     from gradio_client.exceptions import AppError
 
-    with pytest.raises(AppError):
+    with pytest.raises(AppError) as info:
         client.predict(checkpoint=handle_file(str(text)), api_name="/inspect")
+    assert "notes.pt" in str(info.value) and "/tmp" not in str(info.value)
 
 
 def test_check_an_uploaded_spec_and_bad_specs(client, tmp_path):
@@ -188,3 +190,79 @@ def test_questionnaire_recipe_and_explain(client):
                             api_name="/explain")
     assert {"oom", "nan_loss"} <= set(report["symptoms"])
     _app_error(client, "paste an error", text="  ", api_name="/explain")
+
+
+def test_lint_reads_uploads_like_the_cli(client, tmp_path):
+    """A latin-1 script with a PEP 263 line lints as `lint FILE` does; a 3 MB one is refused as there."""
+    from gradio_client import handle_file
+
+    from troubleshooter.lint import lint_paths
+
+    latin = tmp_path / "modele.py"
+    latin.write_bytes(("# -*- coding: latin-1 -*-\n# réglage\n" + (FIXTURES / "lint" / "bad_AMP106.py").read_text())
+                      .encode("latin-1"))
+    report, _, _ = client.predict(code="", file=handle_file(str(latin)), api_name="/lint")
+    cli = lint_paths([str(latin)])
+    assert not report["errors"]
+    assert [(f["rule"], f["line"]) for f in report["findings"]] == [(f.rule, f.location.line) for f in cli.findings]
+    big = tmp_path / "huge.py"
+    big.write_bytes(b"x = 1\n" * 600_000)
+    _app_error(client, "up to 2 MB", code="", file=handle_file(str(big)), api_name="/lint")
+
+
+def test_trace_is_refused_readably_without_allow_exec(client, tmp_path):
+    from gradio_client import handle_file
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    _app_error(client, "--allow-exec", script=handle_file(str(script)), api_name="/trace")
+
+
+# --- a server started as the operator would for trusted users -------------------------------
+
+@pytest.fixture(scope="module")
+def exec_client(tmp_path_factory):
+    from tests.test_app_harness import AppServer
+
+    server = AppServer("--allow-exec", "--job-timeout", "20")
+    try:
+        yield JsonClient(server.url, tmp_path_factory.mktemp("exec-downloads"))
+    finally:
+        server.close()
+
+
+def test_a_hanging_model_file_ends_at_the_job_timeout(exec_client, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    model = tmp_path / "hangs.py"
+    model.write_text("import time\ndef build_model():\n    time.sleep(900)\n"
+                     "def make_batch(batch_size):\n    return None\n")
+    t0 = time.monotonic()
+    with pytest.raises(AppError) as info:
+        exec_client.predict(spec_file=handle_file(str(model)), device="cpu", checks="alignment", steps=2,
+                            api_name="/check")
+    assert time.monotonic() - t0 < 60
+    text = str(info.value)
+    assert "time limit of 20 s" in text and "/tmp" not in text and "_job" not in text and "Traceback" not in text
+
+
+def test_trace_endpoint_runs_or_says_why_not(exec_client, tmp_path):
+    """With the trace module (merged from its own branch) the script runs; without it, a sentence."""
+    import importlib.util
+
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(3):\n    loss = m(torch.randn(8, 4)).pow(2).mean()\n"
+                      "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    if importlib.util.find_spec("troubleshooter.trace") is None:
+        with pytest.raises(AppError) as info:
+            exec_client.predict(script=handle_file(str(script)), args="", steps=3, device="cpu", api_name="/trace")
+        assert "not available" in str(info.value) and "Traceback" not in str(info.value)
+        return
+    result, _ = exec_client.predict(script=handle_file(str(script)), args="", steps=3, device="cpu",
+                                    api_name="/trace")
+    assert result["script"] == "train.py" and "findings" in result and "/tmp" not in json.dumps(result)

@@ -468,3 +468,56 @@ def test_error_markdown_shows_names_literally():
     assert r"\_\_main\_\_" in md and r"\<top level\>" in md and "`torch.amp`" in md
     assert common.public_text("bad /tmp/gradio/abc/x.pt and https://pytorch.org/a/b") == \
         "bad x.pt and https://pytorch.org/a/b"
+
+
+# --- trace: wiring against the trace module's contract, with a fake tracer ------------------
+
+def test_run_it_on_this_host_merges_run_time_findings(tmp_path, monkeypatch):
+    from troubleshooter.ui import trace
+
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    calls = {}
+
+    def fake_trace_script(path, args=(), steps=20, device="auto", timeout_s=120, nan=False, headroom=False,
+                          cwd=None, progress=None):
+        calls.update(path=path, args=args, steps=steps, timeout_s=timeout_s, cwd=cwd)
+        return {"script": path, "argv": list(args), "device": "cpu", "steps_observed": steps,
+                "exit": {"status": "ok", "exception": None}, "timeline": [],
+                "findings": [{"rule": "AMP301", "severity": "warning", "path": path, "line": 1, "module": "fc",
+                              "precision": "fp16", "step": 2, "message": "step skipped", "suggestion": "check",
+                              "data": {}}],
+                "scale": [65536.0, 32768.0, 32768.0], "skipped_steps": [1], "nan": None, "headroom": None}
+
+    monkeypatch.setattr(trace, "_trace_fn", lambda: fake_trace_script)
+    monkeypatch.setattr(trace.jobs, "run_job", lambda func, *a, timeout_s, progress=None, device_key=None, **kw:
+                        func(*a, progress=progress, **kw))
+    monkeypatch.setattr(SETTINGS, "allow_exec", False)
+    with pytest.raises(UserError, match="--allow-exec"):
+        trace.ui_trace(None, str(script), "", 3, [], [])
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setattr(SETTINGS, "job_timeout_s", 40.0)
+    static = [["warning", "AMP106 deprecated-amp-api", "2", "x", "m", "f"]]
+    status, rows, rules, fig = trace.ui_trace(None, str(script), "--epochs 1 --name 'a b'", 3, static, ["AMP106"])
+    assert calls["args"] == ("--epochs", "1", "--name", "a b") and calls["steps"] == 3
+    assert calls["timeout_s"] == 40.0 and Path(calls["cwd"]) == Path(calls["path"]).parent != script.parent
+    assert rows[0] == static[0] and "seen at run time" in rows[1][1] and rules == ["AMP106", "AMP301"]
+    assert "train.py" in status and str(tmp_path) not in status and fig is not None
+    with pytest.raises(UserError, match="quotes"):
+        trace.ui_trace(None, str(script), "--name 'unclosed", 3, [], [])
+
+
+def test_trace_without_the_trace_module_is_a_sentence(tmp_path, monkeypatch):
+    import sys
+
+    from troubleshooter.ui import trace
+
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setitem(sys.modules, "troubleshooter.trace", None)  # as if it were not installed
+    with pytest.raises(UserError, match="not available"):
+        trace.run("print(1)\n", None)
+
+
+def test_an_api_file_must_be_an_upload():
+    with pytest.raises(UserError, match="not an uploaded file"):
+        common.upload_path({"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}})
