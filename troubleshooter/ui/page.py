@@ -37,7 +37,7 @@ CSS = """
   hyphens: none !important}
 .table-wrap th span {white-space: nowrap}
 #lint-findings td:nth-child(1), #lint-findings td:nth-child(2), #lint-findings td:nth-child(3),
-#speed-table td, #check-alignment td:nth-child(n+3):nth-child(-n+7), #check-headroom-table td:nth-child(n+3)
+#speed-table td:nth-child(-n+7), #check-alignment td:nth-child(n+3):nth-child(-n+7), #check-headroom-table td:nth-child(n+3)
   {white-space: nowrap}
 #check-findings table, #check-nan table {table-layout: auto}
 """
@@ -45,12 +45,9 @@ CSS = """
 
 def _diagnose_tab() -> None:
     with gr.Row():
-        with gr.Column(scale=2, min_width=320):
+        with gr.Column(scale=1, min_width=300):
             upload = gr.File(label="Upload a training script (.py) or notebook (.ipynb)",
                              file_types=[".py", ".ipynb"], elem_id="lint-upload")
-            code = gr.Code(language="python", lines=16, max_lines=40, interactive=True,
-                           label="…or paste your training code (an upload, if any, is what gets diagnosed)",
-                           elem_id="lint-code")
             run = gr.Button("Diagnose", variant="primary", elem_id="lint-run")
             with gr.Accordion("Run it on this host (a few steps, to see what AMP really does)", open=False):
                 if SETTINGS.allow_exec:
@@ -58,7 +55,7 @@ def _diagnose_tab() -> None:
                                 "for the steps below, with the arguments below, under the server's time limit.")
                 else:
                     gr.Markdown("This server does not run uploaded scripts. Its operator can enable it by "
-                                "starting the app with `--allow-exec`; the diagnosis above needs no execution.",
+                                "starting the app with `--allow-exec`; the diagnosis needs no execution.",
                                 elem_id="trace-disabled")
                 with gr.Row():
                     trace_steps = gr.Number(20, precision=0, minimum=1, maximum=trace.MAX_STEPS,
@@ -68,20 +65,23 @@ def _diagnose_tab() -> None:
                 trace_btn = gr.Button("Run it on this host" if SETTINGS.allow_exec else
                                       "Run it on this host (needs --allow-exec on the server)",
                                       interactive=SETTINGS.allow_exec, elem_id="trace-run")
-        with gr.Column(scale=3, min_width=480):
-            status = gr.Markdown(elem_id="lint-status", elem_classes=["status-box"])
-            table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, label="Findings", wrap=True,
-                                 interactive=False, elem_id="lint-findings",
-                                 column_widths=["10%", "16%", "7%", "21%", "23%", "23%"])
-            trace_status = gr.Markdown(elem_id="trace-status")
-            trace_plot = gr.Plot(label="Loss scale per step (run time)", show_label=False, elem_id="trace-plot")
+        with gr.Column(scale=2, min_width=480):
+            code = gr.Code(language="python", lines=12, max_lines=30, interactive=True,
+                           label="…or paste your training code (an upload, if any, is what gets diagnosed)",
+                           elem_id="lint-code")
+    # the findings get the page's full width: six columns of code and prose
+    status = gr.Markdown(elem_id="lint-status", elem_classes=["status-box"])
+    table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, label="Findings", wrap=True,
+                         interactive=False, elem_id="lint-findings",
+                         column_widths=["8%", "15%", "6%", "23%", "24%", "24%"])
+    trace_status = gr.Markdown(elem_id="trace-status")
+    trace_plot = gr.Plot(label="Loss scale per step (run time)", show_label=False, elem_id="trace-plot",
+                         visible=False)
+    with gr.Row():
+        with gr.Column(scale=1):
             with gr.Row():
                 md_file = gr.File(label="Report (Markdown)", interactive=False, elem_id="lint-md")
                 json_file = gr.File(label="Report (JSON)", interactive=False, elem_id="lint-json")
-            with gr.Accordion("Explain a rule (or click a finding)", open=True):
-                rule = gr.Dropdown(choices=_safe(diagnose.rule_choices, []), label="Rule",
-                                   value=None, elem_id="lint-rule")
-                explanation = gr.Markdown(elem_id="lint-explanation")
             with gr.Accordion("Corrected script (mechanical, safe fixes)", open=False):
                 fixed_note = gr.Markdown(elem_id="lint-fix-note")
                 fixed_code = gr.Code(language="python", label="Corrected script", interactive=False)
@@ -89,6 +89,11 @@ def _diagnose_tab() -> None:
                 with gr.Row():
                     fixed_file = gr.File(label="Corrected script", interactive=False)
                     diff_file = gr.File(label="Diff", interactive=False)
+        with gr.Column(scale=1):
+            with gr.Accordion("Explain a rule (or click a finding)", open=True):
+                rule = gr.Dropdown(choices=_safe(diagnose.rule_choices, []), label="Rule",
+                                   value=None, elem_id="lint-rule")
+                explanation = gr.Markdown(elem_id="lint-explanation")
     row_rules = gr.State([])  # row i of the table -> its rule id (by index, never parsed from text)
     lint_rows = gr.State([])  # the static rows, so run-time rows are added to them, not to old ones
 
@@ -103,7 +108,11 @@ def _diagnose_tab() -> None:
     rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation],
                 **FAST, **page("ui_explain_rule"))
     trace_outputs = [trace_status, table, row_rules, trace_plot]
-    trace_btn.click(page_event(trace.ui_trace, len(trace_outputs), progress=True),
+    def trace_and_show(*args, progress=None):
+        status_md, rows, rules, fig = trace.ui_trace(*args, progress=progress)
+        return status_md, rows, rules, gr.update(value=fig, visible=fig is not None)
+
+    trace_btn.click(page_event(trace_and_show, len(trace_outputs), progress=True),
                     [code, upload, trace_args, trace_steps, lint_rows, row_rules], trace_outputs,
                     **gpu_queue(), **page("ui_trace"))
 
@@ -162,7 +171,7 @@ def _speedup_tab() -> None:
             plot = gr.Plot(label="Step time and peak memory", show_label=False, elem_id="speed-plot")
             table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,
                                  wrap=True, elem_id="speed-table",
-                                 column_widths=["8%", "9%", "8%", "13%", "10%", "8%", "14%", "30%"])
+                                 column_widths=["88px", "96px", "80px", "130px", "110px", "76px", "170px", "30%"])
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     outputs = [status, table, plot, verdict, json_file]
     run.click(page_event(speedup.ui_speedup, len(outputs), progress=True), [*model, device, precisions, budget, compile_],
