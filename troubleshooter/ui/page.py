@@ -32,14 +32,13 @@ def page(name: str) -> dict:
 CSS = """
 .status-box {min-height: 1.5em}
 #header-device {font-size: 0.95em; opacity: 0.9}
-/* tables: headers and numbers never break mid-word; long text wraps at spaces only */
-.table-wrap th, .table-wrap th span, .table-wrap td {word-break: normal !important; overflow-wrap: normal !important;
-  hyphens: none !important}
-.table-wrap th span {white-space: nowrap}
-#lint-findings td:nth-child(1), #lint-findings td:nth-child(2), #lint-findings td:nth-child(3),
-#speed-table td:nth-child(-n+7), #check-alignment td:nth-child(n+3):nth-child(-n+7), #check-headroom-table td:nth-child(n+3)
-  {white-space: nowrap}
-#check-findings table, #check-nan table {table-layout: auto}
+/* tables: headers, words and numbers never break mid-word; prose wraps at spaces */
+table th, table td {word-break: normal !important; overflow-wrap: normal !important; hyphens: none !important}
+table th {white-space: nowrap}
+#check-findings td:nth-child(-n+3), #check-nan td:nth-child(-n+2) {white-space: nowrap}
+#check-findings code {white-space: nowrap}
+#lint-findings th *, #speed-table *, #check-alignment *, #check-headroom-table *
+  {word-break: normal !important; overflow-wrap: normal !important}
 """
 
 
@@ -169,10 +168,10 @@ def _speedup_tab() -> None:
             status = gr.Markdown(elem_id="speed-status", elem_classes=["status-box"])
             verdict = gr.Markdown(elem_id="speed-verdict")
             plot = gr.Plot(label="Step time and peak memory", show_label=False, elem_id="speed-plot")
-            table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,
-                                 wrap=True, elem_id="speed-table",
-                                 column_widths=["88px", "96px", "80px", "130px", "110px", "76px", "170px", "30%"])
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
+    table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,  # full width
+                         wrap=True, elem_id="speed-table",
+                         column_widths=["8%", "8%", "7%", "12%", "10%", "7%", "15%", "33%"])
     outputs = [status, table, plot, verdict, json_file]
     run.click(page_event(speedup.ui_speedup, len(outputs), progress=True), [*model, device, precisions, budget, compile_],
               outputs, **gpu_queue(), **page("ui_speedup"))
@@ -181,7 +180,7 @@ def _speedup_tab() -> None:
 def _check_tab() -> None:
     gr.Markdown("Runs your model for a few steps on this host and reports what mixed precision will do to it.")
     with gr.Row():
-        with gr.Column(scale=2):
+        with gr.Column(scale=1, min_width=320):
             model = _model_picker("check", weights=True)
             with gr.Row():
                 device = _device_picker("check")
@@ -190,12 +189,13 @@ def _check_tab() -> None:
             checks = gr.CheckboxGroup([(check.CHECK_LABELS[c], c) for c in check.CHECK_NAMES],
                                       value=list(check.CHECK_NAMES), label="Checks", elem_id="check-checks")
             run = gr.Button("Run checks", variant="primary", elem_id="check-run")
-        with gr.Column(scale=3):
+        with gr.Column(scale=2, min_width=560):
             status = gr.Markdown(elem_id="check-status", elem_classes=["status-box"])
             capability = gr.Markdown(elem_id="check-capability")
             findings = gr.Markdown(elem_id="check-findings")
             align = gr.Dataframe(headers=check.ALIGN_HEADERS, label="Tensor-core alignment (padded sizes)",
-                                 interactive=False, wrap=True, elem_id="check-alignment")
+                                 interactive=False, wrap=True, elem_id="check-alignment",
+                                 column_widths=["8%", "11%", "14%", "7%", "7%", "15%", "12%", "26%"])
             skip_md = gr.Markdown(elem_id="check-skiprate")
             skip_plot = gr.Plot(label="Loss scale per step (skipped steps marked)", show_label=False, elem_id="check-skiprate-plot")
             nan_md = gr.Markdown(elem_id="check-nan")
