@@ -30,15 +30,12 @@ def _steps(steps) -> int:
 
 
 def _only(checks) -> list[str]:
-    if isinstance(checks, str):
-        checks = [c for c in checks.replace(" ", ",").split(",") if c]
-    chosen = [str(c).strip().lower() for c in (checks or [])]
-    bad = [c for c in chosen if c not in CHECK_NAMES]
-    if bad:
-        raise UserError(f"unknown check(s) {', '.join(bad)}: choose from {', '.join(CHECK_NAMES)}")
-    if not chosen:
-        raise UserError("choose at least one check to run")
-    return [c for c in CHECK_NAMES if c in chosen]
+    """The checks box/parameter -> check names, validated by the engine's own parser."""
+    from ..engine.check import parse_only
+
+    if not isinstance(checks, str):
+        checks = ",".join(str(c) for c in (checks or []))
+    return parse_only(checks.replace(" ", ","))
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None) -> dict:

@@ -136,6 +136,7 @@ _CLI_ADVICE = [
      " (a limit this server's operator sets)"),
     (re.compile(r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?"), "the server's model-size limit"),
     (re.compile(r"\s*\(--only\)"), ""),
+    (re.compile(r"--only names no check"), "choose at least one check"),
     (re.compile(r"a larger --budget\b"), "a larger time budget"),
     (re.compile(r"--budget\b"), "the time budget"),
     (re.compile(r"\(run without --compile\)"), "(run without torch.compile)"),
