@@ -25,8 +25,9 @@ FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and conc
 
 
 def page(name: str) -> dict:
-    """Page events get `ui_*` names (undocumented) so the documented API names stay free."""
-    return dict(api_name=name, api_visibility="undocumented")
+    """Page events are private (`ui_*` names, not callable by API clients): the API is the typed
+    endpoints of `api.py`, and the documented names stay theirs."""
+    return dict(api_name=name, api_visibility="private")
 
 
 CSS = """
