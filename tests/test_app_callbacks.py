@@ -521,3 +521,16 @@ def test_trace_without_the_trace_module_is_a_sentence(tmp_path, monkeypatch):
 def test_an_api_file_must_be_an_upload():
     with pytest.raises(UserError, match="not an uploaded file"):
         common.upload_path({"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}})
+
+
+def test_page_text_has_no_command_line_only_advice():
+    from troubleshooter.ui import common, diagnose
+
+    with pytest.raises(UserError) as info:
+        diagnose.lint_script("x = 1\n", None, select="AMP9")
+    shown = common.error_message(info.value)
+    assert "--select" not in shown and "python -m" not in shown and "select" in shown
+    text = common.for_page("over 2e9 (raise it with TROUBLESHOOTER_MAX_PARAMS or max_params=...); "
+                           "rerun with a larger --budget; run `python -m troubleshooter check` to find it")
+    assert "TROUBLESHOOTER_MAX" not in text and "--budget" not in text and "python -m" not in text
+    assert "time budget" in text and "Check a model" in text

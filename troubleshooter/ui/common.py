@@ -144,6 +144,10 @@ _CLI_ADVICE = [
     (re.compile(r"run with --device (\w+)"), r"choose the device \1"),
     (re.compile(r"\(use --device (\w+)\)"), r"(choose the device \1)"),
     (re.compile(r"--only\b"), "the checks"),
+    (re.compile(r"--(select|ignore)\b"), r"\1"),
+    (re.compile(r"see `python -m troubleshooter rules`"), "see the rule list (the `rules` endpoint)"),
+    (re.compile(r"`python -m troubleshooter check`"), "the Check a model tab (the `check` endpoint)"),
+    (re.compile(r"`python -m troubleshooter speedup`"), "the Speedup check tab (the `speedup` endpoint)"),
     (re.compile(r"--steps\b"), "steps"),
 ]
 

@@ -1,5 +1,5 @@
 """The web page: four tabs laid out and wired to the plain functions of `troubleshooter.ui`,
-plus the typed API endpoints (`api.register`). `app.py` only calls `main()`.
+plus the typed API endpoints (`api.register`). `app.py` only parses the options and calls `serve`.
 
 It lives in the package (not in `app.py`) so the worker processes, which are spawned and so
 re-run the main script, never import gradio or build a layout.

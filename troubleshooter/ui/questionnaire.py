@@ -191,7 +191,7 @@ def recommend_with_loop(answers: dict) -> tuple[dict, str, str]:
 def ui_recommend(*values) -> tuple:
     """The Recommend button: (recommendation, code, train_amp.py, *recipe-builder control values)."""
     d, code, path = recommend_with_loop(answers_from_controls(*values))
-    return (decision_markdown(d), code, path, *recipe.controls_from_options(_decision_options(d)))
+    return (common.for_page(decision_markdown(d)), code, path, *recipe.controls_from_options(_decision_options(d)))
 
 
 def ui_detect() -> tuple[str, str]:

@@ -1,8 +1,7 @@
 """How the app is served: command-line arguments, auth, and the settings callbacks read.
 
-The settings are a module-level object (not arguments baked into the layout) because
-`app.py` must build `demo` at import time, before `python app.py --allow-exec ...` has
-parsed its arguments.
+The settings are a module-level object the callbacks read (in the server process; workers get
+what they need as arguments), set once by `apply` before the page is built.
 """
 from __future__ import annotations
 
