@@ -229,3 +229,44 @@ def test_inspect_a_checkpoint_shows_its_summary(page, tmp_path):
     expect(result).to_contain_text("float16")
     expect(result).not_to_contain_text("/tmp")
     shot(page, "inspect", docs=True)
+
+
+@pytest.fixture(scope="module")
+def exec_page(page):
+    """A second server, started as an operator would for trusted users, in its own tab of the
+    same browser (one Playwright per process)."""
+    from tests.test_app_harness import AppServer
+
+    server = AppServer("--allow-exec", "--job-timeout", "20")
+    pg = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(server.url, wait_until="load")
+        pg.locator("#header-device").wait_for()
+        yield pg
+    finally:
+        pg.close()
+        server.close()
+
+
+def test_with_allow_exec_a_hanging_model_ends_readably_and_scripts_can_run(exec_page, tmp_path):
+    page = exec_page
+    open_tab(page, "Check a model")
+    page.locator("#check-mode").get_by_text("Upload").click()
+    model = tmp_path / "hangs.py"
+    model.write_text("import time\ndef build_model():\n    time.sleep(900)\ndef make_batch(batch_size):\n    return None\n")
+    upload(page, "check-spec-file", model)
+    page.locator("#check-run").click()
+    status = page.locator("#check-status")
+    expect(status).to_contain_text("time limit of 20 s", timeout=90_000)
+    for leak in ("/tmp", "_job", "Traceback"):
+        expect(status).not_to_contain_text(leak)
+
+    open_tab(page, "Diagnose a script")
+    page.locator("#lint-code .cm-content").click()
+    page.keyboard.insert_text("import torch\nprint(torch.ones(2).sum())\n")
+    page.get_by_text("Run it on this host (a few steps").first.click()
+    page.locator("#trace-steps input").fill("2")
+    page.locator("#trace-run").click()
+    expect(page.locator("#trace-status")).to_contain_text(re.compile(r"Ran pasted\.py|not available"))
+    expect(page.locator("#trace-status")).not_to_contain_text("/tmp")
