@@ -464,8 +464,10 @@ def test_inspect_messages_and_report_name_the_users_file_only(tmp_path):
 def test_error_markdown_shows_names_literally():
     from troubleshooter.ui import common
 
-    md = common.error_markdown("it references __main__.Custom at <top level>; use `torch.amp`")
-    assert r"\_\_main\_\_" in md and r"\<top level\>" in md and "`torch.amp`" in md
+    md = common.error_markdown("module __init__ at <top level>; use `torch.amp`")
+    assert r"\_\_init\_\_" in md and r"\<top level\>" in md and "`torch.amp`" in md
+    said = common.public_text("needs code to be unpickled (it references __main__.Custom)")
+    assert said == "needs code to be unpickled (it references class `Custom` from the script that saved it)"
     assert common.public_text("bad /tmp/gradio/abc/x.pt and https://pytorch.org/a/b") == \
         "bad x.pt and https://pytorch.org/a/b"
 

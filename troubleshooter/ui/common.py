@@ -122,10 +122,15 @@ _ABS_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`()<>,;]+/)+([^\s/'\"`()<>,;]
 _ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
 
 
+# pickle's name for a class defined in the script that saved a checkpoint
+_MAIN_CLASS = re.compile(r"\b__main__\.(\w+)")
+
+
 def public_text(text: str) -> str:
     """A message fit for a user: server paths reduced to the file's own name (an upload's name is
-    the one the user gave it), C++ assertion prefixes dropped."""
+    the one the user gave it), C++ assertion prefixes dropped, `__main__.X` said in words."""
     text = _ENFORCE.sub("", str(text))
+    text = _MAIN_CLASS.sub(r"class `\1` from the script that saved it", text)
     return _ABS_PATH.sub(lambda m: m.group(1), text)
 
 
