@@ -32,3 +32,9 @@ def kill_self():
 
 def unpicklable():
     return lambda: None
+
+
+def pid_and_torch():
+    """Which process ran the job, and whether torch was already imported when it started."""
+    import sys
+    return os.getpid(), "torch" in sys.modules

@@ -105,7 +105,8 @@ def test_job_crash_and_hang_are_readable_errors():
 def test_page_event_turns_errors_into_a_status_message():
     import gradio as gr
 
-    from troubleshooter.ui.glue import api_event, page_event
+    from troubleshooter.ui.api import endpoint
+    from troubleshooter.ui.glue import page_event
 
     def cb(x):
         raise UserError(f"{x} is not a script")
@@ -114,10 +115,10 @@ def test_page_event_turns_errors_into_a_status_message():
     assert out[0].startswith("> **Error**") and "photo.png is not a script" in out[0]
     assert out[1:] == (None, None)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
-        api_event(cb)("photo.png")
+        endpoint(cb)("photo.png")
 
 
-def test_progress_parameter_gets_a_gradio_tracker():
+def test_progress_reaches_the_callback_as_a_plain_callable():
     import inspect
 
     import gradio as gr
@@ -130,14 +131,14 @@ def test_progress_parameter_gets_a_gradio_tracker():
         progress(0.5, "half")
         return a
 
-    wrapped = page_event(cb, 1)
+    wrapped = page_event(cb, 1, progress=True)
     assert isinstance(inspect.signature(wrapped).parameters["progress"].default, gr.Progress)
 
     class Tracker(gr.Progress):
         def __call__(self, fraction, desc=None, **kw):
             calls.append((fraction, desc))
 
-    assert wrapped("x", Tracker()) == "x"
+    assert wrapped("x", progress=Tracker()) == "x"
     assert calls == [(0.5, "half")]
 
 
@@ -176,7 +177,7 @@ def test_lint_syntax_error_and_unknown_rule_are_readable():
     from troubleshooter.ui import diagnose
 
     r = diagnose.lint_script("def f(:\n    pass\n", None)
-    assert r["errors"] and "line 1" in r["errors"][0] and "Error" in r["summary"]
+    assert r["errors"] and "line 1" in r["errors"][0] and "Could not analyse" in r["summary"]
     with pytest.raises(UserError, match="unknown rule.*'AMP999'"):
         diagnose.explain("amp999")
     assert "Why it matters" in diagnose.explain("amp101")
@@ -242,7 +243,7 @@ def test_recipe_from_controls_and_api():
     assert "GradScaler" in code and Path(path).name == "train_amp.py"
     assert Path(path).read_text() == code
     with pytest.raises(UserError, match="JSON object"):
-        recipe.api_recipe("precision=bf16")
+        recipe.parse_options("precision=bf16")
     with pytest.raises(UserError, match="channels"):
         recipe.render({"channels_last": True, "model": "transformer"})
 
@@ -252,7 +253,7 @@ def test_mechanical_fixes_come_as_corrected_script_and_diff(tmp_path):
 
     p = tmp_path / "old_api.py"
     p.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
-    status, rows, md, js, rule, note, fixed, diff, fixed_path, diff_path = diagnose.ui_lint(None, str(p))
+    status, rows, md, js, rule, note, fixed, diff, fixed_path, diff_path, _ = diagnose.ui_lint(None, str(p))
     assert rule == "AMP106" and "AMP106 line 2" in note
     assert "torch.amp.GradScaler" in fixed and "torch.cuda.amp" not in fixed
     assert Path(fixed_path).read_text() == fixed and Path(fixed_path).name == "old_api_amp_fixed.py"
@@ -277,11 +278,81 @@ def test_python_model_file_runs_only_with_allow_exec_and_in_a_child(tmp_path, mo
     assert dims[("0", "out_features")]["padded"] == 16  # 12 -> 16: measured on the user's model
 
 
-def test_a_findings_row_names_its_rule():
+def test_job_timeout_holds_for_an_uploaded_python_model_file(tmp_path, monkeypatch):
+    """A `build_model()` that never returns is stopped at the operator's --job-timeout, in check
+    and in speedup (the file isolates itself in its own child, which must get the limit)."""
+    from troubleshooter.ui import check, specinput, speedup
+    from troubleshooter.worker import WorkerError
+
+    model = tmp_path / "hangs.py"
+    model.write_text("import time\ndef build_model():\n    time.sleep(600)\n"
+                     "def make_batch(batch_size):\n    return None\n")
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setattr(SETTINGS, "job_timeout_s", 3.0)
+    source = specinput.source_from_inputs("Upload", "", "", "", str(model))
+    for run in (lambda: check.run(source, "cpu", ["alignment"], 1),
+                lambda: speedup.measure(source, "cpu", ["fp32"], 2)):
+        t = time.monotonic()
+        with pytest.raises(WorkerError, match="time limit of 3 s") as info:
+            run()
+        assert time.monotonic() - t < 60
+        assert "_python_job" not in str(info.value) and "/tmp" not in str(info.value)
+
+
+def test_a_clicked_row_maps_to_its_finding_by_index(tmp_path):
     from troubleshooter.ui import diagnose
 
-    assert diagnose.rule_of_row(["ERROR", "AMP101 clip-before-unscale", "13", "x", "m", "f"]) == "AMP101"
-    assert diagnose.rule_of_row(["", "", "", "", "", ""]) is None and diagnose.rule_of_row(None) is None
+    p = tmp_path / "train.py"
+    p.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text())
+    out = diagnose.ui_lint(None, str(p))
+    rows, row_rules = out[1], out[-1]
+    assert len(rows) == len(row_rules) and row_rules
+    for i, row in enumerate(rows):
+        assert diagnose.rule_at(row_rules, [i, 3]) == row_rules[i] and row[1].startswith(row_rules[i])
+    assert diagnose.rule_at(row_rules, [len(rows), 0]) is None and diagnose.rule_at(None, [0, 0]) is None
+
+
+def test_uploads_are_read_like_the_cli_reads_files(tmp_path):
+    """PEP 263 coding lines and the linter's 2 MB limit, through lint.source, as `lint FILE` does."""
+    from troubleshooter.lint import lint_paths
+    from troubleshooter.ui import diagnose
+
+    body = (FIXTURES / "lint" / "bad_AMP106.py").read_text()
+    latin = tmp_path / "entrainement.py"
+    latin.write_bytes(("# -*- coding: latin-1 -*-\n# réglage du modèle\n" + body).encode("latin-1"))
+    r = diagnose.lint_script("", str(latin))
+    cli = lint_paths([str(latin)])
+    assert not r["errors"] and r["rules_found"] == sorted({f.rule for f in cli.findings})
+    assert [f["line"] for f in r["report"]["findings"]] == [f.location.line for f in cli.findings]
+    fixed = Path(diagnose.ui_lint("", str(latin))[8])
+    assert "torch.amp.GradScaler" in fixed.read_bytes().decode("latin-1")  # kept in its declared encoding
+
+    big = tmp_path / "huge.py"
+    big.write_bytes(b"x = 1\n" * 600_000)  # 3.6 MB: under the server's upload limit, over the linter's
+    with pytest.raises(UserError, match="up to 2 MB"):
+        diagnose.lint_script("", str(big))
+    assert "up to 2 MB" in lint_paths([str(big)]).errors[0].message
+    with pytest.raises(UserError, match="pasted code.*up to 2 MB"):
+        diagnose.lint_script("x = 1\n" * 600_000, None)
+
+
+def test_status_says_what_was_read_and_what_could_not_be(tmp_path):
+    from troubleshooter.ui import diagnose
+
+    up = tmp_path / "train.py"
+    up.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    both = diagnose.lint_script("x = 1\n", str(up))
+    assert "pasted code was not read" in both["summary"] and "train.py" in both["summary"]
+    broken = diagnose.lint_script("def f(:\n    pass\n", None)
+    assert "no findings" not in broken["summary"] and "could not analyse it" in broken["summary"]
+    assert "no mixed-precision problems" not in broken["summary"]
+    assert "could not be analysed" in diagnose.fix_note(broken)
+
+    cells = [{"cell_type": "code", "source": ["import torch\n", "scaler = torch.cuda.amp.GradScaler()\n"]}]
+    nb = tmp_path / "exp.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    note = diagnose.fix_note(diagnose.lint_script(None, str(nb)))
+    assert "AMP106" in note and "notebooks are not rewritten" in note and "No mechanical fix" not in note
 
 
 def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
@@ -316,7 +387,7 @@ def test_one_job_per_device(monkeypatch):
     assert host.device_key("cuda:1") == "cuda:1"
     order = []
 
-    def job(name, progress=None):
+    def job(name, progress=None, timeout_s=None):
         order.append(f"{name} start")
         time.sleep(0.2)
         order.append(f"{name} end")
@@ -328,3 +399,140 @@ def test_one_job_per_device(monkeypatch):
     for t in threads:
         t.join()
     assert order in (["a start", "a end", "b start", "b end"], ["b start", "b end", "a start", "a end"])
+
+
+# --- questionnaire: the detected device, not a bare name --------------------------------
+
+def test_detect_passes_the_device_capability_not_just_its_name(monkeypatch):
+    from troubleshooter import questionnaire as q
+    from troubleshooter.ui import check, questionnaire
+
+    cap = {"kind": "cuda", "device": "cuda:0", "name": "NVIDIA GeForce RTX 3080", "compute_capability": "8.6",
+           "memory_gb": 10.0, "summary": "NVIDIA GeForce RTX 3080 (sm_86)", "recommended_precision": "bf16"}
+    monkeypatch.setattr(check, "capability", lambda device="auto": dict(cap))
+    calls = []
+
+    def from_device(name, capability, memory_gb, vendor="nvidia"):
+        calls.append((name, capability, memory_gb, vendor))
+        return f"{name} (sm_{capability[0]}{capability[1]}, {memory_gb:g} GB)"
+
+    monkeypatch.setattr(q, "gpu_answer_from_device", from_device, raising=False)
+    answer, line = questionnaire.ui_detect()
+    assert calls == [("NVIDIA GeForce RTX 3080", (8, 6), 10.0, "nvidia")]
+    assert answer == "NVIDIA GeForce RTX 3080 (sm_86, 10 GB)" and "RTX 3080" in line
+    monkeypatch.delattr(q, "gpu_answer_from_device")
+    assert questionnaire.ui_detect()[0] == "NVIDIA GeForce RTX 3080"  # older library: the name, as before
+
+
+def test_an_empty_gpu_answer_says_it_means_the_server(monkeypatch):
+    from troubleshooter.ui import check, questionnaire
+
+    monkeypatch.setattr(check, "capability", lambda device="auto": {"kind": "cpu", "device": "cpu", "name": "CPU",
+                                                                    "bf16": {"native": True}})
+    d = questionnaire.recommend({"symptoms": []})
+    assert d["gpu_detected"] == "cpu"
+    assert "left empty" in questionnaire.decision_markdown(d)
+    assert "gpu_detected" not in questionnaire.recommend({"gpu": "A100", "symptoms": []})
+
+
+# --- messages: no server paths, no C++ assertion text, markdown shown literally -----------
+
+def test_inspect_messages_and_report_name_the_users_file_only(tmp_path):
+    import zipfile
+
+    import torch
+
+    from troubleshooter.ui import check, common
+
+    upload = tmp_path / "gradio" / "0f3a9c" / "notes.pt"
+    upload.parent.mkdir(parents=True)
+    with zipfile.ZipFile(upload, "w") as z:
+        z.writestr("hello.txt", "hi")  # a zip, not a torch.save archive: torch raises its C++ assertion
+    with pytest.raises(UserError) as info:
+        check.inspect_upload(str(upload))
+    shown = common.error_message(info.value)
+    assert "notes.pt" in shown and str(tmp_path) not in shown and "enforce fail" not in shown
+
+    good = tmp_path / "gradio" / "77aa" / "run.pt"
+    good.parent.mkdir(parents=True)
+    torch.save({"model": torch.nn.Linear(4, 4).state_dict(), "scaler": {"scale": 1024.0, "_growth_tracker": 3}}, good)
+    md, report = check.ui_inspect(str(good))
+    assert report["path"] == "run.pt" and str(tmp_path) not in md
+    assert "GradScaler state: yes" in md and "float32" in md  # the CLI's summary, in the page
+
+
+def test_error_markdown_shows_names_literally():
+    from troubleshooter.ui import common
+
+    md = common.error_markdown("module __init__ at <top level>; use `torch.amp`")
+    assert r"\_\_init\_\_" in md and r"\<top level\>" in md and "`torch.amp`" in md
+    said = common.public_text("needs code to be unpickled (it references __main__.Custom)")
+    assert said == "needs code to be unpickled (it references class `Custom` from the script that saved it)"
+    assert common.public_text("bad /tmp/gradio/abc/x.pt and https://pytorch.org/a/b") == \
+        "bad x.pt and https://pytorch.org/a/b"
+
+
+# --- trace: wiring against the trace module's contract, with a fake tracer ------------------
+
+def test_run_it_on_this_host_merges_run_time_findings(tmp_path, monkeypatch):
+    from troubleshooter.ui import trace
+
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    calls = {}
+
+    def fake_trace_script(path, args=(), steps=20, device="auto", timeout_s=120, nan=False, headroom=False,
+                          cwd=None, progress=None):
+        calls.update(path=path, args=args, steps=steps, timeout_s=timeout_s, cwd=cwd)
+        return {"script": path, "argv": list(args), "device": "cpu", "steps_observed": steps,
+                "exit": {"status": "ok", "exception": None}, "timeline": [],
+                "findings": [{"rule": "AMP301", "severity": "warning", "path": path, "line": 1, "module": "fc",
+                              "precision": "fp16", "step": 2, "message": "step skipped", "suggestion": "check",
+                              "data": {}}],
+                "scale": [65536.0, 32768.0, 32768.0], "skipped_steps": [1], "nan": None, "headroom": None}
+
+    monkeypatch.setattr(trace, "_trace_fn", lambda: fake_trace_script)
+    monkeypatch.setattr(trace.jobs, "run_job", lambda func, *a, timeout_s, progress=None, device_key=None, **kw:
+                        func(*a, progress=progress, **kw))
+    monkeypatch.setattr(SETTINGS, "allow_exec", False)
+    with pytest.raises(UserError, match="--allow-exec"):
+        trace.ui_trace(None, str(script), "", 3, [], [])
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setattr(SETTINGS, "job_timeout_s", 40.0)
+    static = [["warning", "AMP106 deprecated-amp-api", "2", "x", "m", "f"]]
+    status, rows, rules, fig = trace.ui_trace(None, str(script), "--epochs 1 --name 'a b'", 3, static, ["AMP106"])
+    assert calls["args"] == ("--epochs", "1", "--name", "a b") and calls["steps"] == 3
+    assert calls["timeout_s"] == 40.0 and Path(calls["cwd"]) == Path(calls["path"]).parent != script.parent
+    assert rows[0] == static[0] and "seen at run time" in rows[1][1] and rules == ["AMP106", "AMP301"]
+    assert "train.py" in status and str(tmp_path) not in status and fig is not None
+    with pytest.raises(UserError, match="quotes"):
+        trace.ui_trace(None, str(script), "--name 'unclosed", 3, [], [])
+
+
+def test_trace_without_the_trace_module_is_a_sentence(tmp_path, monkeypatch):
+    import sys
+
+    from troubleshooter.ui import trace
+
+    monkeypatch.setattr(SETTINGS, "allow_exec", True)
+    monkeypatch.setitem(sys.modules, "troubleshooter.trace", None)  # as if it were not installed
+    with pytest.raises(UserError, match="not available"):
+        trace.run("print(1)\n", None)
+
+
+def test_an_api_file_must_be_an_upload():
+    with pytest.raises(UserError, match="not an uploaded file"):
+        common.upload_path({"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}})
+
+
+def test_page_text_has_no_command_line_only_advice():
+    from troubleshooter.ui import common, diagnose
+
+    with pytest.raises(UserError) as info:
+        diagnose.lint_script("x = 1\n", None, select="AMP9")
+    shown = common.error_message(info.value)
+    assert "--select" not in shown and "python -m" not in shown and "select" in shown
+    text = common.for_page("over 2e9 (raise it with TROUBLESHOOTER_MAX_PARAMS or max_params=...); "
+                           "rerun with a larger --budget; run `python -m troubleshooter check` to find it")
+    assert "TROUBLESHOOTER_MAX" not in text and "--budget" not in text and "python -m" not in text
+    assert "time budget" in text and "Check a model" in text

@@ -55,7 +55,8 @@ def page(app_server):
         from playwright.sync_api import expect as _expect
 
         _expect.set_options(timeout=TIMEOUT_MS)
-        pg.goto(app_server.url, wait_until="networkidle")
+        pg.goto(app_server.url, wait_until="load")  # gradio keeps connections open: no "network idle"
+        pg.locator("#header-device").wait_for()
         yield pg
         context.close()
         browser.close()
@@ -93,7 +94,7 @@ def upload(page, elem_id: str, path: Path) -> None:
 
 def test_header_shows_the_device(page):
     header = page.locator("#header-device")
-    assert "This host:" in header.inner_text()
+    assert "This server:" in header.inner_text()
 
 
 def test_diagnose_an_uploaded_script(page, tmp_path):
@@ -126,7 +127,7 @@ def test_binary_upload_shows_a_clear_error_and_page_stays_usable(page, tmp_path)
     blob.write_bytes(b"PK\x03\x04\x00\x00\x00\x00 binary checkpoint")
     upload(page, "lint-upload", blob)
     page.locator("#lint-run").click()
-    expect(page.locator("#lint-status")).to_contain_text("weights.py is a binary file")
+    expect(page.locator("#lint-status")).to_contain_text("weights.py: binary file")
     assert "Traceback" not in page.content()
     shot(page, "diagnose-binary-error")
     # still usable: clear the upload and lint pasted code
@@ -142,7 +143,7 @@ def test_binary_upload_shows_a_clear_error_and_page_stays_usable(page, tmp_path)
 def test_questionnaire_recommends_and_the_recipe_downloads(page):
     open_tab(page, "Questionnaire")
     page.locator("#q-detect").click()
-    expect(page.locator("#q-detected")).to_contain_text("Detected:")
+    expect(page.locator("#q-detected")).to_contain_text("Detected on the server:")
     expect(page.locator("#q-gpu textarea")).not_to_have_value("")
     page.locator("#q-gpu textarea").fill("A100")
     page.locator("#q-symptoms").get_by_text("nan_loss").click()
@@ -192,3 +193,80 @@ def test_speedup_on_a_tiny_preset(page):
     for precision in ("fp32", "fp16", "bf16", "tf32"):
         expect(table).to_contain_text(precision)
     shot(page, "speedup", docs=True)
+
+
+def test_unparsable_script_is_not_called_clean_and_cannot_run_without_exec(page):
+    open_tab(page, "Diagnose a script")
+    clear = page.locator("#lint-upload button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    editor = page.locator("#lint-code .cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text("def train(:\n    pass\n")
+    page.locator("#lint-run").click()
+    status = page.locator("#lint-status")
+    expect(status).to_contain_text("could not analyse it")
+    expect(status).to_contain_text("syntax error")
+    expect(status).not_to_contain_text("no findings")
+    page.get_by_text("Run it on this host (a few steps").first.click()  # open its accordion
+    expect(page.locator("#trace-run")).to_be_disabled()
+    expect(page.locator("#trace-disabled")).to_contain_text("--allow-exec")
+
+
+def test_inspect_a_checkpoint_shows_its_summary(page, tmp_path):
+    import torch
+
+    open_tab(page, "Check a model")
+    page.locator("#check-inspect-box").get_by_text("Inspect a checkpoint").first.click()
+    ckpt = tmp_path / "weights_only.pt"
+    torch.save(torch.nn.Linear(8, 4).half().state_dict(), ckpt)  # a bare state_dict: weights at the top level
+    upload(page, "check-ckpt", ckpt)
+    page.locator("#check-inspect").click()
+    result = page.locator("#check-inspect-result")
+    expect(result).to_contain_text("model weights at <top level>")
+    expect(result).to_contain_text("float16")
+    expect(result).not_to_contain_text("/tmp")
+    shot(page, "inspect", docs=True)
+
+
+@pytest.fixture(scope="module")
+def exec_page(page):
+    """A second server, started as an operator would for trusted users, in its own tab of the
+    same browser (one Playwright per process)."""
+    from tests.test_app_harness import AppServer
+
+    server = AppServer("--allow-exec", "--job-timeout", "20")
+    pg = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(server.url, wait_until="load")
+        pg.locator("#header-device").wait_for()
+        yield pg
+    finally:
+        pg.close()
+        server.close()
+
+
+def test_with_allow_exec_a_hanging_model_ends_readably_and_scripts_can_run(exec_page, tmp_path):
+    page = exec_page
+    open_tab(page, "Check a model")
+    page.locator("#check-mode").get_by_text("Upload").click()
+    model = tmp_path / "hangs.py"
+    model.write_text("import time\ndef build_model():\n    time.sleep(900)\ndef make_batch(batch_size):\n    return None\n")
+    upload(page, "check-spec-file", model)
+    page.locator("#check-run").click()
+    status = page.locator("#check-status")
+    expect(status).to_contain_text("time limit of 20 s", timeout=90_000)
+    for leak in ("/tmp", "_job", "Traceback"):
+        expect(status).not_to_contain_text(leak)
+
+    open_tab(page, "Diagnose a script")
+    page.locator("#lint-code .cm-content").click()
+    page.keyboard.insert_text("import torch\nprint(torch.ones(2).sum())\n")
+    page.get_by_text("Run it on this host (a few steps").first.click()
+    page.locator("#trace-steps input").fill("2")
+    page.locator("#trace-run").click()
+    expect(page.locator("#trace-status")).to_contain_text(re.compile(r"Ran pasted\.py|not available"))
+    expect(page.locator("#trace-status")).not_to_contain_text("/tmp")

@@ -30,15 +30,12 @@ def _steps(steps) -> int:
 
 
 def _only(checks) -> list[str]:
-    if isinstance(checks, str):
-        checks = [c for c in checks.replace(" ", ",").split(",") if c]
-    chosen = [str(c).strip().lower() for c in (checks or [])]
-    bad = [c for c in chosen if c not in CHECK_NAMES]
-    if bad:
-        raise UserError(f"unknown check(s) {', '.join(bad)}: choose from {', '.join(CHECK_NAMES)}")
-    if not chosen:
-        raise UserError("choose at least one check to run")
-    return [c for c in CHECK_NAMES if c in chosen]
+    """The checks box/parameter -> check names, validated by the engine's own parser."""
+    from ..engine.check import parse_only
+
+    if not isinstance(checks, str):
+        checks = ",".join(str(c) for c in (checks or []))
+    return parse_only(checks.replace(" ", ","))
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None) -> dict:
@@ -218,30 +215,18 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     result = run(source, device, checks, steps, progress=progress)
     name = str(result.get("spec", {}).get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(result, indent=2, default=str))
-    return (status_markdown(result), capability_card(result), findings_markdown(result), alignment_rows(result),
-            skiprate_markdown(result), skiprate_figure(result), nan_markdown(result), headroom_markdown(result),
-            headroom_rows(result), path)
-
-
-def api_check(preset: str = "", yaml_text: str = "", spec_file: str | None = None, weights_file: str | None = None,
-              device: str = "auto", checks: str = ",".join(CHECK_NAMES), steps: float = 20,
-              progress=None) -> tuple[dict, str | None]:
-    """The `check` endpoint: (the `check --format json` object, the skip-rate plot as PNG or None)."""
-    source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    result = run(source, device, checks, steps, progress=progress)
-    fig = skiprate_figure(result)
-    png = None
-    if fig is not None:
-        png = common.write_download("skiprate.png", b"")
-        fig.savefig(png, format="png", bbox_inches="tight")
-    return result, png
+    say = common.for_page
+    return (say(status_markdown(result)), say(capability_card(result)), say(findings_markdown(result)),
+            alignment_rows(result), say(skiprate_markdown(result)), skiprate_figure(result),
+            say(nan_markdown(result)), say(headroom_markdown(result)), headroom_rows(result), path)
 
 
 # ---------------------------------------------------------------- checkpoint and device
 
 
-def inspect_upload(checkpoint) -> dict:
-    """The `inspect` endpoint: the checkpoint report (loaded in a worker, never unpickling code)."""
+def inspect_report(checkpoint):
+    """The checkpoint's `InspectReport`, named by the file name the user gave it (never the
+    server's upload folder); loaded with torch.load(weights_only=True), so no code runs."""
     path = common.upload_path(checkpoint)
     if not path:
         raise UserError("upload a checkpoint (.pt/.pth/.bin/.ckpt/.safetensors) to inspect")
@@ -249,14 +234,23 @@ def inspect_upload(checkpoint) -> dict:
     from ..engine.inspect_checkpoint import inspect_checkpoint
 
     # In-process: torch.load(weights_only=True) runs no code, and the upload limit bounds memory.
-    return inspect_checkpoint(path).to_dict()
+    report = inspect_checkpoint(path)
+    report.path = common.display_name(path)
+    return report
+
+
+def inspect_upload(checkpoint) -> dict:
+    """The `inspect` endpoint: the checkpoint report as `inspect --format json` prints it."""
+    return inspect_report(checkpoint).to_dict()
 
 
 def ui_inspect(upload) -> tuple[str, dict]:
-    report = inspect_upload(upload)
-    findings = [Finding.from_dict(f) for f in report.get("findings", [])]
-    name = common.display_name(common.upload_path(upload))
-    return findings_to_markdown(findings, title=f"Checkpoint {name}"), report
+    """The Inspect button: the summary the CLI prints (what is present, dtypes, findings) shown
+    verbatim, and the JSON report."""
+    report = inspect_report(upload)
+    n = len(report.findings)
+    head = f"**{common.md_escape(report.path)}**: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings")
+    return f"{head}\n\n```text\n{report.to_text()}```\n", report.to_dict()
 
 
 def capability_in_child(device: str = "auto") -> dict:
@@ -271,8 +265,10 @@ def _capability_cached(device: str) -> dict:
         cached = host.host_info().get("capability")
         if cached:
             return cached
-    return jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120,
-                        device_key=host.device_key(device))
+    report = jobs.run_job(_no_progress(capability_in_child), device, timeout_s=120,
+                          device_key=host.device_key(device))
+    report.pop("job", None)
+    return report
 
 
 def capability(device: str = "auto") -> dict:

@@ -28,15 +28,30 @@ def _mib(n: float) -> str:
 
 
 def upload_path(upload) -> str | None:
-    """Gradio hands a filepath str (or an object with `.name`/`path`); normalise to a str."""
+    """Gradio hands a filepath str (page components) or a FileData dict/object (API endpoints);
+    normalise to a str. A FileData path must lie in Gradio's upload folder: an API caller names
+    it, and must not make the server read its own files."""
     if upload is None or upload == "":
         return None
     if isinstance(upload, (str, os.PathLike)):
         return str(upload)
-    if isinstance(upload, dict) and upload.get("path"):
-        return str(upload["path"])
-    name = getattr(upload, "path", None) or getattr(upload, "name", None)
-    return str(name) if name else None
+    if isinstance(upload, dict):
+        path = upload.get("path")
+    else:
+        path = getattr(upload, "path", None) or getattr(upload, "name", None)
+    if not path:
+        return None
+    return _in_upload_folder(str(path))
+
+
+def _in_upload_folder(path: str) -> str:
+    from gradio.utils import get_upload_folder
+
+    folder = os.path.realpath(get_upload_folder())
+    real = os.path.realpath(path)
+    if os.path.commonpath([folder, real]) != folder:
+        raise UserError(f"{Path(path).name}: not an uploaded file (send files with gradio_client.handle_file)")
+    return real
 
 
 def display_name(path: str | None) -> str:
@@ -55,6 +70,13 @@ def check_size(path: str, max_bytes: int) -> int:
             "(the operator can raise it with --max-file-mb)"
         )
     return size
+
+
+def read_upload_bytes(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the uploaded file {display_name(path)}: {exc.strerror or exc}") from None
 
 
 def looks_binary(data: bytes) -> bool:
@@ -94,21 +116,82 @@ def check_text_size(text: str | None, max_bytes: int, what: str = "the pasted te
     return text
 
 
+# An absolute path (two or more segments), not part of a URL or a dotted/relative name.
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`()<>,;]+/)+([^\s/'\"`()<>,;]+)")
+# PyTorch's C++ assertion prefix, e.g. "[enforce fail at inline_container.cc:180] . ".
+_ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
+
+
+# pickle's name for a class defined in the script that saved a checkpoint
+_MAIN_CLASS = re.compile(r"\b__main__\.(\w+)")
+
+
+def public_text(text: str) -> str:
+    """A message fit for a user: server paths reduced to the file's own name (an upload's name is
+    the one the user gave it), C++ assertion prefixes dropped, `__main__.X` said in words."""
+    text = _ENFORCE.sub("", str(text))
+    text = _MAIN_CLASS.sub(r"class `\1` from the script that saved it", text)
+    return _ABS_PATH.sub(lambda m: m.group(1), text)
+
+
+# Advice written for the command line, reworded for people who use the page or the API: they
+# set these through controls/parameters, and cannot set the server's environment at all.
+_CLI_ADVICE = [
+    (re.compile(r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)"),
+     " (a limit this server's operator sets)"),
+    (re.compile(r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?"), "the server's model-size limit"),
+    (re.compile(r"\s*\(--only\)"), ""),
+    (re.compile(r"--only names no check"), "choose at least one check"),
+    (re.compile(r"a larger --budget\b"), "a larger time budget"),
+    (re.compile(r"--budget\b"), "the time budget"),
+    (re.compile(r"\(run without --compile\)"), "(run without torch.compile)"),
+    (re.compile(r"try --compile\b"), "try torch.compile"),
+    (re.compile(r"run with --device (\w+)"), r"choose the device \1"),
+    (re.compile(r"\(use --device (\w+)\)"), r"(choose the device \1)"),
+    (re.compile(r"--only\b"), "the checks"),
+    (re.compile(r"--(select|ignore)\b"), r"\1"),
+    (re.compile(r"see `python -m troubleshooter rules`"), "see the rule list (the `rules` endpoint)"),
+    (re.compile(r"`python -m troubleshooter check`"), "the Check a model tab (the `check` endpoint)"),
+    (re.compile(r"`python -m troubleshooter speedup`"), "the Speedup check tab (the `speedup` endpoint)"),
+    (re.compile(r"--steps\b"), "steps"),
+]
+
+
+def for_page(text: str) -> str:
+    """Library text as the page and API say it: no command-line flags or environment variables
+    the reader cannot set from a browser."""
+    text = str(text)
+    for pattern, repl in _CLI_ADVICE:
+        text = pattern.sub(repl, text)
+    return text
+
+
 def error_message(exc: BaseException) -> str:
     """One readable sentence for any exception; a bug in our code is logged with its traceback."""
     if isinstance(exc, UserError):
-        return str(exc)
+        return for_page(public_text(str(exc)))
     if isinstance(exc, MemoryError):
         return "the server ran out of memory for this request; try a smaller model or input"
     log.exception("unexpected error in an app callback")
-    text = f"{type(exc).__name__}: {exc}".strip()
+    text = public_text(f"{type(exc).__name__}: {exc}".strip())
     return f"internal error ({text}); this is a bug in the troubleshooter, the server log has details"
 
 
-def error_markdown(exc_or_text: BaseException | str) -> str:
+_MD_SPECIAL = re.compile(r"([\\*_<>\[\]#|])")
+
+
+def md_escape(text: str) -> str:
+    """Text shown literally in Markdown (`__main__`, `<top level>` stay as typed); `code` spans
+    are left alone since Markdown already shows them literally."""
+    parts = str(text).split("`")
+    return "`".join(p if i % 2 else _MD_SPECIAL.sub(r"\\\1", p) for i, p in enumerate(parts))
+
+
+def error_markdown(exc_or_text: BaseException | str, title: str = "Error") -> str:
+    """A quoted block: the title, then the reason itself (never a bare "Error")."""
     text = exc_or_text if isinstance(exc_or_text, str) else error_message(exc_or_text)
-    body = "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
-    return f"> **Error**\n{body}\n"
+    body = "\n".join(f"> {md_escape(line)}" if line else ">" for line in text.splitlines())
+    return f"> **{title}**\n{body}\n"
 
 
 def _root() -> Path:
@@ -118,9 +201,20 @@ def _root() -> Path:
     return _download_root
 
 
+def download_root() -> Path:
+    """Where generated downloads live (only they: uploads are staged beside it, not in it), so
+    the server may hand out files from here (`allowed_paths`) and from nowhere else."""
+    folder = _root() / "downloads"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def _prune(root: Path) -> None:
     cutoff = time.time() - _DOWNLOAD_TTL_S
     for child in root.iterdir():
+        if child.name == "downloads":
+            _prune(child)
+            continue
         try:
             if child.stat().st_mtime < cutoff:
                 shutil.rmtree(child, ignore_errors=True)
@@ -145,13 +239,26 @@ def write_download(filename: str, content: str | bytes) -> str:
     Each call gets its own directory so the user's file keeps its plain name
     (`train_amp.py`, not a random one) and concurrent users never overwrite each other.
     """
-    folder = fresh_dir()
+    _prune(_root())
+    folder = Path(tempfile.mkdtemp(dir=download_root()))
     path = folder / (_SAFE.sub("_", filename) or "download")
     if isinstance(content, bytes):
         path.write_bytes(content)
     else:
         path.write_text(content, encoding="utf-8")
     return str(path)
+
+
+def save_figure(fig, filename: str) -> str | None:
+    """A matplotlib figure as a PNG download (None when there is no figure)."""
+    if fig is None:
+        return None
+    path = write_download(filename, b"")
+    fig.savefig(path, format="png", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
 
 
 def md_cell(value) -> str:

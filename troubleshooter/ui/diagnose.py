@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
@@ -20,54 +21,89 @@ def _lint():
     return lint
 
 
-def read_script(code: str | None, upload) -> tuple[str, str]:
-    """(text, name) from the upload if there is one, else from the editor."""
+@dataclass
+class ScriptInput:
+    """What the user handed the Diagnose tab, read by the linter's own source reader."""
+
+    unit: object  # lint.source.SourceUnit: decoded text (+ notebook cell map)
+    name: str
+    encoding: str = "utf-8"  # the upload's declared encoding: the corrected file is written in it
+    note: str = ""  # said above the findings (e.g. the pasted code was ignored)
+
+
+def _lint_source():
+    from ..lint import source
+
+    return source
+
+
+def read_script(code: str | None, upload) -> ScriptInput:
+    """The upload if there is one, else the pasted code, through `lint.source` exactly as the CLI
+    reads files: PEP 263 coding lines, its 2 MB limit, notebooks as one unit of code cells."""
+    src = _lint_source()
     path = common.upload_path(upload)
     if path:
-        text = common.read_text_upload(path, SETTINGS.max_file_bytes, SCRIPT_KINDS, "a Python script or notebook")
-        if not text.strip():
-            raise UserError(f"{common.display_name(path)} is empty: nothing to diagnose")
-        return text, common.display_name(path)
-    text = common.check_text_size(code, SETTINGS.max_file_bytes, "the pasted code")
+        name = common.display_name(path)
+        suffix = Path(name).suffix.lower()
+        if suffix not in SCRIPT_KINDS:
+            raise UserError(f"{name}: expected a Python script or notebook (.py, .ipynb), "
+                            f"got a '{suffix or 'no extension'}' file")
+        common.check_size(path, SETTINGS.max_file_bytes)
+        data = common.read_upload_bytes(path)
+        try:
+            unit = src.unit_from_bytes(data, name)
+        except ValueError as exc:
+            raise UserError(f"{name}: {exc}") from None
+        note = ""
+        if (code or "").strip():
+            note = (f"Diagnosed the uploaded file **{name}**; the pasted code was not read "
+                    "(remove the upload to diagnose the pasted code).")
+        return ScriptInput(unit, name, _declared_encoding(data), note)
+    text = code or ""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > src.MAX_BYTES:
+        raise UserError(f"the pasted code is {size / 1e6:.1f} MB; the linter reads scripts up to "
+                        f"{src.MAX_BYTES // (1024 * 1024)} MB (paste the training script itself)")
     if not text.strip():
         raise UserError("nothing to diagnose: paste a training script or upload a .py/.ipynb file")
-    return text, "pasted.py"
+    return ScriptInput(src.SourceUnit(path="pasted.py", text=text), "pasted.py")
 
 
-def _source_lines(text: str, name: str) -> dict[int | None, list[str]]:
-    """Lines per notebook cell (key = 1-based code-cell number) or of the script (key None)."""
-    if not name.lower().endswith(".ipynb"):
-        return {None: text.splitlines()}
+def _declared_encoding(data: bytes) -> str:
+    import io
+    import tokenize
+
     try:
-        nb = json.loads(text)
-        cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    except (ValueError, AttributeError):
-        return {}
-    out = {}
-    for i, cell in enumerate(cells, 1):
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else str(src)
-        out[i] = src.splitlines()
-    return out
+        return tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+    except SyntaxError:
+        return "utf-8"
 
 
-def offending_line(lines: dict, finding: Finding) -> str:
+def offending_line(unit, finding: Finding) -> str:
+    """The source line a finding points at (a notebook's cell line, mapped back into the unit)."""
     loc = finding.location
-    block = lines.get(loc.cell if loc.cell is not None else None) or lines.get(None) or []
-    if loc.line and 1 <= loc.line <= len(block):
-        return block[loc.line - 1].strip()
+    line = loc.line
+    if loc.cell is not None and unit.cell_map:
+        line = next((n for n, (c, j) in unit.cell_map.items() if c == loc.cell and j == loc.line), None)
+    lines = unit.text.splitlines()
+    if line and 1 <= line <= len(lines):
+        return lines[line - 1].strip()
     return ""
 
 
-def findings_rows(findings: list[Finding], text: str, name: str) -> list[list]:
-    lines = _source_lines(text, name)
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Findings in table order: the table's row i is `ordered(findings)[i]`."""
+    return sorted(findings, key=lambda f: (f.location.cell or 0, f.location.line or 0, f.rule))
+
+
+def findings_rows(findings: list[Finding], unit) -> list[list]:
     rows = []
-    for f in sorted(findings, key=lambda f: (f.location.cell or 0, f.location.line or 0, f.rule)):
+    for f in ordered(findings):
         where = f.location.line if f.location.line is not None else ""
         if f.location.cell is not None:
             where = f"cell {f.location.cell}, line {where}"
         rows.append([_ICON.get(f.severity.value, f.severity.value), f"{f.rule} {f.name}".strip(),
-                     str(where), offending_line(lines, f), f.message, f.suggestion])
+                     str(where), offending_line(unit, f), f.message, f.suggestion])
     return rows
 
 
@@ -90,38 +126,73 @@ def report_markdown(findings: list[Finding], errors: list, name: str) -> str:
 def lint_script(code: str | None, upload, select: str | None = None, ignore: str | None = None) -> dict:
     """Lint the input; everything the tab and the `lint` API show, as plain values.
     `select`/`ignore`: comma-separated rule ids or prefixes, as `lint --select/--ignore`."""
-    text, name = read_script(code, upload)
+    from ..lint.engine import active_rules, lint_unit
+
+    script = read_script(code, upload)
+    name, unit = script.name, script.unit
     lint = _lint()
-    report = lint.lint_text(text, path=name, select=(select or "").strip() or None,
-                            ignore=(ignore or "").strip() or None)
-    findings = list(report.findings)
+    report = lint_unit(unit, active_rules((select or "").strip() or None, (ignore or "").strip() or None))
+    findings = ordered(report.findings)
     errors = list(report.errors)
     payload = report.to_dict()
     md = report_markdown(findings, errors, name)
     stem = Path(name).stem or "script"
+    notebook = name.lower().endswith(".ipynb")
     result = {
         "name": name,
         "report": payload,
-        "rows": findings_rows(findings, text, name),
+        "findings": findings,  # table order: row i is findings[i]
+        "rows": findings_rows(findings, unit),
         "markdown": md,
         "errors": _errors_text(errors),
-        "summary": summary_line(findings, errors, name),
+        "summary": summary_line(findings, errors, name, script.note),
         "md_path": common.write_download(f"{stem}_amp_report.md", md),
         "json_path": common.write_download(f"{stem}_amp_report.json", json.dumps(payload, indent=2, default=str)),
         "fixed_text": None, "diff": None, "fixed_path": None, "diff_path": None, "applied": [],
         "rules_found": sorted({f.rule for f in findings}),
+        "notebook": notebook,
+        "fixable": sorted({f.rule for f in findings if f.rule in _fixable()}),
     }
-    fix = getattr(lint, "fix_text", None)
-    if fix is not None and not name.lower().endswith(".ipynb"):
-        fixed = fix(text, path=name)
-        applied = list(getattr(fixed, "applied", []) or [])
-        if applied and fixed.fixed_text != text:
+    if not notebook and not errors:
+        fixed = lint.fix_text(unit.text, path=name, select=(select or "").strip() or None,
+                              ignore=(ignore or "").strip() or None)
+        applied = list(fixed.applied or [])
+        if applied and fixed.fixed_text != unit.text:
             result.update(
                 fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[_describe_fix(a) for a in applied],
-                fixed_path=common.write_download(f"{stem}_amp_fixed.py", fixed.fixed_text),
+                fixed_path=common.write_download(f"{stem}_amp_fixed.py", _encoded(fixed.fixed_text, script.encoding)),
                 diff_path=common.write_download(f"{stem}_amp_fixes.diff", fixed.diff or ""),
             )
     return result
+
+
+def _fixable() -> set[str]:
+    from ..lint.fix import FIXABLE
+
+    return set(FIXABLE)
+
+
+def _encoded(text: str, encoding: str) -> bytes:
+    """The corrected script in the encoding its coding line declares (UTF-8 if it cannot hold it)."""
+    try:
+        return text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return text.encode("utf-8")
+
+
+def fix_note(result: dict) -> str:
+    """What the corrected-script panel says: fixes applied, fixes that exist but are not applied
+    to notebooks, or none that applies."""
+    if result["fixed_text"] is not None:
+        n = len(result["applied"])
+        return (f"**{n} mechanical fix{'es' if n != 1 else ''} applied** ({', '.join(result['applied'])}); "
+                "the other findings need a human. Review the diff.")
+    if result["notebook"] and result["fixable"]:
+        return (f"{', '.join(result['fixable'])} ha{'ve' if len(result['fixable']) != 1 else 's'} a mechanical fix, "
+                "but notebooks are not rewritten: apply the **fix** column in the cells named there.")
+    if result["errors"]:
+        return "No corrected script: the input could not be analysed completely (see above)."
+    return "No mechanical fix applies; follow the **fix** column by hand."
 
 
 def _describe_fix(applied) -> str:
@@ -132,25 +203,31 @@ def _describe_fix(applied) -> str:
     return str(applied)
 
 
-def summary_line(findings: list[Finding], errors: list, name: str) -> str:
+def summary_line(findings: list[Finding], errors: list, name: str, note: str = "") -> str:
+    """The status line: counts by severity; "could not analyse" (never "no findings") when the
+    input was not fully read, since an unparsed file proves nothing."""
     counts = {}
     for f in findings:
         counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
-    if not findings and not errors:
-        return f"**{name}**: no mixed-precision problems found."
     parts = [f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}" for s in ("error", "warning", "info") if counts.get(s)]
-    text = f"**{name}**: " + (", ".join(parts) if parts else "no findings")
     if errors:
-        text += "\n\n" + common.error_markdown("could not analyse all of it:\n" + "\n".join(_errors_text(errors)))
-    return text
+        head = f"**{name}**: could not analyse " + ("all of it" if findings else "it")
+        text = head + (f"; in the parts read: {', '.join(parts)}" if parts else "") + "."
+        text += "\n\n" + common.error_markdown("\n".join(_errors_text(errors)), title="Could not analyse")
+    elif not findings:
+        text = f"**{name}**: no mixed-precision problems found."
+    else:
+        text = f"**{name}**: " + ", ".join(parts) + "."
+    return (note + "\n\n" + text) if note else text
 
 
-def rule_of_row(row) -> str | None:
-    """The rule id in a findings-table row (its `rule` column reads `AMP101 clip-before-unscale`)."""
-    if not row or len(row) < 2:
+def rule_at(row_rules: list | None, index) -> str | None:
+    """The rule of the clicked table row: `row_rules[i]` is row i's rule (kept by index beside
+    the table, never parsed back out of the displayed text)."""
+    row = index[0] if isinstance(index, (list, tuple)) and index else index
+    if not isinstance(row, int) or not row_rules or not 0 <= row < len(row_rules):
         return None
-    head = str(row[1]).split()
-    return head[0] if head and head[0].upper().startswith("AMP") else None
+    return row_rules[row]
 
 
 def rule_choices() -> list[tuple[str, str]]:
@@ -182,13 +259,9 @@ def explain(rule_id: str | None) -> str:
 
 def ui_lint(code: str | None, upload) -> tuple:
     """The Diagnose button: (status, rows, report.md, report.json, rule to explain,
-    fix note, corrected code, diff, corrected file, diff file)."""
+    fix note, corrected code, diff, corrected file, diff file, rule of each row)."""
     r = lint_script(code, upload)
-    first_rule = r["rules_found"][0] if r["rules_found"] else None
-    if r["fixed_text"] is not None:
-        note = (f"**{len(r['applied'])} mechanical fix{'es' if len(r['applied']) != 1 else ''} applied** "
-                f"({', '.join(r['applied'])}); the other findings need a human. Review the diff.")
-    else:
-        note = "No mechanical fix applies; follow the **fix** column by hand."
+    row_rules = [f.rule for f in r["findings"]]
+    first_rule = row_rules[0] if row_rules else None
     return (r["summary"], r["rows"], r["md_path"], r["json_path"], first_rule,
-            note, r["fixed_text"], r["diff"], r["fixed_path"], r["diff_path"])
+            fix_note(r), r["fixed_text"], r["diff"], r["fixed_path"], r["diff_path"], row_rules)

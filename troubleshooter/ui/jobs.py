@@ -7,8 +7,10 @@ file and the parent polls it: no shared memory, nothing to leak if the child is 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import time
 import threading
 from typing import Any, Callable
 
@@ -64,19 +66,24 @@ def device_lock(key: str) -> threading.Lock:
 
 def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn | None = None,
             in_worker: bool = True, poll_s: float = 0.25, device_key: str | None = None, **kwargs: Any) -> Any:
-    """Run `func(*args, progress=..., **kwargs)`; in a spawned worker unless `in_worker=False`.
+    """Run `func(*args, progress=..., **kwargs)`; in a worker process unless `in_worker=False`.
 
     `in_worker=False` is for callers whose library call already isolates itself (an opted-in
-    Python model file runs in its own child via `spec.run_with_workload`; the worker's child
-    is a daemon and may not start another).
+    Python model file runs in its own child via `spec.run_with_workload`; a worker is a daemon
+    and may not start another): `func` then gets `timeout_s` itself, so the operator's limit
+    holds there too. With a `device_key`, jobs on one device run one at a time, each in that
+    device's warm standby worker (see `worker.WarmPool`).
     """
-    if device_key is not None:
-        with device_lock(device_key):
-            return run_job(func, *args, timeout_s=timeout_s, progress=progress, in_worker=in_worker,
-                           poll_s=poll_s, **kwargs)
+    with device_lock(device_key) if device_key is not None else contextlib.nullcontext():
+        started = time.time()
+        result = _run_unlocked(func, args, kwargs, timeout_s, progress, in_worker, poll_s, device_key)
+        return timed(result, started, device_key)
+
+
+def _run_unlocked(func, args, kwargs, timeout_s, progress, in_worker, poll_s, device_key):
     if not in_worker:
-        return func(*args, progress=progress, **kwargs)
-    from ..worker import run_in_worker
+        return func(*args, progress=progress, timeout_s=timeout_s, **kwargs)
+    from ..worker import run_in_warm_worker, run_in_worker
 
     fd, path = tempfile.mkstemp(prefix="amp-progress-", suffix=".txt")
     os.close(fd)
@@ -84,17 +91,21 @@ def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn |
 
     def target() -> None:
         try:
-            outcome["result"] = run_in_worker(call_with_progress_file, func, path, *args,
-                                              timeout_s=timeout_s, **kwargs)
+            if device_key is not None:
+                outcome["result"] = run_in_warm_worker(device_key, call_with_progress_file, func, path, *args,
+                                                       timeout_s=timeout_s, **kwargs)
+            else:
+                outcome["result"] = run_in_worker(call_with_progress_file, func, path, *args,
+                                                  timeout_s=timeout_s, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
 
     if progress is not None:
         try:
-            progress(0.0, "starting a worker process (it loads PyTorch and builds the model)")
+            progress(0.0, "handing the job to a worker process")
         except Exception:
             pass
-    thread = threading.Thread(target=target, name=f"job-{getattr(func, '__name__', 'job')}", daemon=True)
+    thread = threading.Thread(target=target, name="job", daemon=True)
     thread.start()
     seen = None
     try:
@@ -116,3 +127,11 @@ def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn |
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("result")
+
+
+def timed(result: Any, started: float, device_key: str | None) -> Any:
+    """Add the job's own server-side start/end (Unix seconds) to a result dict under `job`, so a
+    client can see when it really ran (queue status polled from outside can be stale)."""
+    if isinstance(result, dict):
+        result["job"] = {"started": round(started, 3), "finished": round(time.time(), 3), "device": device_key}
+    return result

@@ -102,6 +102,9 @@ def decision_markdown(d: dict) -> str:
     lines = [f"## Recommendation: {_LABEL.get(precision, precision.upper())}"]
     if d.get("device"):
         lines.append(f"*for {d['device']}*")
+    if d.get("gpu_detected"):
+        lines.append(f"*The GPU question was left empty, so this is for the server's own device "
+                     f"({common.md_escape(d['gpu_detected'])}). Type your GPU (e.g. A100) if you train elsewhere.*")
     lines += ["", "**Why:**"]
     by_answer = d.get("reasons_by_answer")
     if by_answer:
@@ -116,53 +119,91 @@ def decision_markdown(d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fill_detected(answers: dict) -> dict:
-    """`gpu` empty or 'detect' -> this host's device, from the worker-run capability probe
-    (deciding it in the server process would create a CUDA context there)."""
-    answers = dict(answers)
-    if str(answers.get("gpu") or "detect").strip().lower() == "detect":
-        from .check import capability
+def gpu_answer(cap: dict) -> str:
+    """The GPU answer for a detected device: `questionnaire.gpu_answer_from_device` with its
+    compute capability and memory (so a GPU missing from the name table is still judged on its
+    own facts) where that function exists; the device name otherwise; "cpu" for a CPU."""
+    kind = cap.get("kind") or cap.get("device")
+    if kind == "cpu":
+        return "cpu"
+    name = str(cap.get("name") or "")
+    from_device = getattr(_q(), "gpu_answer_from_device", None)
+    cc = _capability_tuple(cap.get("compute_capability"))
+    if from_device is not None and cc is not None:
+        vendor = "nvidia" if str(kind).startswith("cuda") else str(kind)
+        return from_device(name, cc, cap.get("memory_gb"), vendor=vendor)
+    return name or "detect"
 
-        cap = capability("auto")
-        if (cap.get("kind") or cap.get("device")) == "cpu":
-            answers["gpu"] = "cpu"
-            native = (cap.get("bf16") or {}).get("native") if isinstance(cap.get("bf16"), dict) else None
-            if answers.get("cpu_bf16") is None and native is not None:
-                answers["cpu_bf16"] = bool(native)
-        else:
-            answers["gpu"] = cap.get("name") or "detect"
-    return answers
+
+def _capability_tuple(value) -> tuple[int, int] | None:
+    """"8.6" / [8, 6] / (8, 6) -> (8, 6)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        parts = value
+    elif isinstance(value, str) and value.count(".") == 1:
+        parts = value.split(".")
+    else:
+        return None
+    try:
+        return int(parts[0]), int(parts[1])
+    except (TypeError, ValueError):
+        return None
+
+
+def _fill_detected(answers: dict) -> tuple[dict, str | None]:
+    """`gpu` empty or 'detect' -> this server's device, from the worker-run capability probe
+    (deciding it in the server process would create a CUDA context there). Returns the answers
+    and the filled-in answer (None when the user gave one), so the page can say so."""
+    answers = dict(answers)
+    if str(answers.get("gpu") or "detect").strip().lower() != "detect":
+        return answers, None
+    from .check import capability
+
+    cap = capability("auto")
+    answers["gpu"] = gpu_answer(cap)
+    if answers["gpu"] == "cpu":
+        native = (cap.get("bf16") or {}).get("native") if isinstance(cap.get("bf16"), dict) else None
+        if answers.get("cpu_bf16") is None and native is not None:
+            answers["cpu_bf16"] = bool(native)
+    return answers, answers["gpu"]
 
 
 def recommend(answers: dict) -> dict:
-    """`decide(answers).to_dict()` (the `ask --format json` object); UserError on bad answers."""
-    return _q().decide(_fill_detected(answers)).to_dict()
+    """`decide(answers).to_dict()` (the `ask --format json` object); UserError on bad answers.
+    An empty GPU answer means this server's device, and the result says so in `gpu_detected`."""
+    filled, detected = _fill_detected(answers)
+    d = _q().decide(filled).to_dict()
+    if detected is not None:
+        d["gpu_detected"] = detected
+    return d
 
 
 def _decision_options(d: dict) -> dict:
     return dict(d.get("recipe_options") or {})
 
 
+def recommend_with_loop(answers: dict) -> tuple[dict, str, str]:
+    """(decision JSON, the generated training loop, its train_amp.py download)."""
+    d = recommend(answers)
+    code, path = recipe.render(_decision_options(d))
+    return d, code, path
+
+
 def ui_recommend(*values) -> tuple:
     """The Recommend button: (recommendation, code, train_amp.py, *recipe-builder control values)."""
-    answers = answers_from_controls(*values)
-    d = recommend(answers)
-    options = _decision_options(d)
-    code, path = recipe.render(options)
-    return (decision_markdown(d), code, path, *recipe.controls_from_options(options))
+    d, code, path = recommend_with_loop(answers_from_controls(*values))
+    return (common.for_page(decision_markdown(d)), code, path, *recipe.controls_from_options(_decision_options(d)))
 
 
 def ui_detect() -> tuple[str, str]:
-    """The "detect my GPU" button: (hardware answer, the capability line)."""
+    """The "detect my GPU" button: (hardware answer with the device's own capability, the capability line)."""
     from .check import capability
 
     cap = capability("auto")
-    kind = cap.get("kind") or cap.get("device")
-    name = cap.get("name") or ""
-    answer = "cpu" if kind == "cpu" else name
-    summary = cap.get("summary") or name
+    answer = gpu_answer(cap)
+    summary = cap.get("summary") or cap.get("name") or answer
     rec = cap.get("recommended_precision")
-    return answer, f"Detected: **{summary}**" + (f" — capability check suggests **{rec}**" if rec else "")
+    return answer, (f"Detected on the server: **{common.md_escape(summary)}**"
+                    + (f" — capability check suggests **{rec}**" if rec else ""))
 
 
 def explain(text: str) -> dict:
@@ -195,15 +236,3 @@ def parse_answers(answers) -> dict:
     if not isinstance(value, dict):
         raise UserError('answers must be a JSON object, e.g. {"gpu": "A100"}')
     return value
-
-
-def api_recommend(answers: str) -> tuple[dict, str, str]:
-    """The `recommend` endpoint: answers JSON -> (decision JSON, generated loop, train_amp.py)."""
-    d = recommend(parse_answers(answers))
-    code, path = recipe.render(_decision_options(d))
-    return d, code, path
-
-
-def api_explain(text: str) -> dict:
-    """The `explain` endpoint: a pasted error/log -> the explain report JSON."""
-    return explain(text)["report"]

@@ -86,8 +86,3 @@ def ui_render(*values) -> tuple[str, str, str]:
     from ..recipes import recipe_command
 
     return f"Generated with `{recipe_command(options)}`", code, path
-
-
-def api_recipe(options: str = "{}") -> tuple[str, str]:
-    """The `recipe` endpoint: options as JSON -> (the script text, train_amp.py)."""
-    return render(parse_options(options))

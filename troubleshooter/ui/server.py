@@ -1,8 +1,7 @@
 """How the app is served: command-line arguments, auth, and the settings callbacks read.
 
-The settings are a module-level object (not arguments baked into the layout) because
-`app.py` must build `demo` at import time, before `python app.py --allow-exec ...` has
-parsed its arguments.
+The settings are a module-level object the callbacks read (in the server process; workers get
+what they need as arguments), set once by `apply` before the page is built.
 """
 from __future__ import annotations
 
@@ -110,6 +109,8 @@ def apply(settings: Settings) -> None:
 
 def launch_kwargs(settings: Settings) -> dict:
     """Keyword arguments for `demo.launch` (gradio 6: theme/css also go here)."""
+    from .common import download_root
+
     return {
         "server_name": settings.host,
         "server_port": settings.port,
@@ -117,4 +118,6 @@ def launch_kwargs(settings: Settings) -> dict:
         "max_file_size": settings.max_file_bytes,
         "show_error": True,  # gr.Error messages reach the page and API clients
         "footer_links": ["api"],
+        # API endpoints hand out generated reports and plots from here (random folder names)
+        "allowed_paths": [str(download_root())],
     }
