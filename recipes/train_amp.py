@@ -24,6 +24,9 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+# [option: activation_checkpointing]
+#| import torch.utils.checkpoint
+# [end]
 # [option: distributed!=none]
 #| import torch.distributed as dist
 # [end]
@@ -68,6 +71,9 @@ EVAL_BATCHES = 4
 # [end]
 # [option: checkpoint]
 CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
+# [end]
+# [option: nan_guard]
+MAX_NONFINITE_STREAK = 20  # abort after this many optimizer steps in a row with inf/NaN loss or gradients
 # [end]
 OUT_DIR = "out"      # [--out-dir] checkpoints and final weights
 DEVICE = "auto"      # [--device] auto | cpu | cuda | cuda:N | mps
@@ -124,6 +130,15 @@ if device.type == "cuda":
     if device.index is None:
         device = torch.device("cuda", LOCAL_RANK)   # one GPU per process
     torch.cuda.set_device(device)
+    # [option: tf32]
+    #| # TF32: float32 matmuls and convolutions on Ampere+ tensor cores (float32 range, 10-bit products,
+    #| # float32 accumulation): the fp32 speed-up for the ops autocast keeps in float32, or a whole fp32 run.
+    #| torch.backends.cuda.matmul.allow_tf32 = True
+    #| torch.backends.cudnn.allow_tf32 = True
+    # [end]
+    # [option: cudnn_benchmark]
+    #| torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its algorithms once, keeps the fastest
+    # [end]
 # [option: distributed!=none]
 #| backend = "nccl" if device.type == "cuda" else "gloo"
 #| if "RANK" in os.environ:
@@ -149,7 +164,9 @@ def pick_precision(device: torch.device) -> str:
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16"
         # [option: scaler]
-        return "fp16" if torch.cuda.get_device_capability(device)[0] >= 7 else "fp32"
+        # Tensor cores (sm_70+), or CUDA cores with a 2x fp16 rate (P100 sm_60, Jetson sm_53/sm_62).
+        cc = torch.cuda.get_device_capability(device)
+        return "fp16" if cc[0] >= 7 or cc in ((5, 3), (6, 0), (6, 2)) else "fp32"
         # [else]
         #| return "fp32"
         # [end]
@@ -293,11 +310,39 @@ def get_batch(split: str, index: int):
     return x, y
 
 
+# [option: activation_checkpointing]
+
+
+#| class Checkpointed(nn.Module):
+#|     """A block whose activations are recomputed during backward (non-reentrant checkpoint)."""
+#|
+#|     def __init__(self, block: nn.Module):
+#|         super().__init__()
+#|         self.block = block
+#|
+#|     def forward(self, *args):
+#|         if not self.training:
+#|             return self.block(*args)
+#|         return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False)
+# [end]
+
+
 # -----------------------------------------------------------------------------
 # Model, optimizer, schedule, scaler
 torch.manual_seed(SEED)  # the same initial weights in every process
 # The weights stay float32 (the "master weights"): autocast casts per op, the optimizer updates float32.
 model = build_model().to(device)
+# [option: activation_checkpointing]
+#| # Activation checkpointing: each block's activations are recomputed in backward instead of stored,
+#| # about a third more compute for a fraction of the activation memory. Autocast state is replayed.
+#| for i, block in enumerate(model.blocks):
+#|     model.blocks[i] = Checkpointed(block)
+# [end]
+# [option: sync_batchnorm]
+#| if device.type == "cuda":  # SyncBatchNorm needs GPU tensors; on CPU each process keeps plain BatchNorm
+#|     # BatchNorm statistics over every GPU's micro-batch, not each GPU's few samples.
+#|     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+# [end]
 # [option: channels_last]
 #| model = model.to(memory_format=torch.channels_last)
 # [end]
@@ -342,7 +387,48 @@ scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
 skipped_steps = 0  # fp16 steps the scaler skipped because a gradient overflowed
 # [end]
 # [option: nan_guard]
-nonfinite_steps = 0  # steps dropped by the NaN guard because the loss was inf/NaN
+nonfinite_steps = 0  # steps dropped by the NaN guard because the loss or a gradient was inf/NaN
+nonfinite_streak = 0  # optimizer steps in a row that did not update (NaN guard or fp16 overflow)
+# [end]
+
+
+def check_finite(weights: dict) -> None:
+    """Never write inf/NaN weights: a checkpoint that holds them would poison every resumed run."""
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        sys.exit(f"error: not saving: the weights hold inf/NaN ({', '.join(bad[:3])}"
+                 f"{', ...' if len(bad) > 3 else ''}); the last good checkpoint is kept. "
+                 "Localise the first non-finite module with `python -m troubleshooter check`.")
+# [option: nan_guard]
+
+
+def nonfinite_step(step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    """True (counted and reported) when this step's loss or gradient norm is inf/NaN.
+
+    The gradient norm is computed for clipping anyway; reading the flag is one host sync per step.
+    """
+    global nonfinite_steps, nonfinite_streak
+    bad = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float()
+    # [option: distributed!=none]
+    #| dist.all_reduce(bad)  # every rank must make the same decision
+    # [end]
+    if not bad.item():
+        return False
+    nonfinite_steps += 1
+    nonfinite_streak += 1
+    if RANK == 0:
+        print(f"step {step + 1}: non-finite loss or gradients, update skipped ({nonfinite_steps} so far)", flush=True)
+    check_nonfinite_streak(step)
+    return True
+
+
+def check_nonfinite_streak(step: int) -> None:
+    """Abort, with a clear message, when every recent step was non-finite: the run has diverged."""
+    if nonfinite_streak >= MAX_NONFINITE_STREAK:
+        sys.exit(f"error: {nonfinite_streak} optimizer steps in a row had inf/NaN loss or gradients (last at step "
+                 f"{step + 1}): training diverged. Nothing non-finite was saved. Lower the learning rate, check the "
+                 "data for inf/NaN, or compute unstable ops in float32; `python -m troubleshooter check` localises "
+                 "the first non-finite module.")
 # [end]
 
 
@@ -385,6 +471,7 @@ def save_checkpoint(step: int) -> None:
     # [end]
     if RANK != 0:
         return
+    check_finite(weights)
     if any(t.is_floating_point() and t.dtype != torch.float32 for t in weights.values()):
         raise RuntimeError("refusing to save a half-precision training checkpoint: keep float32 weights")
     ckpt = {
@@ -498,43 +585,50 @@ for step in range(start_step, stop_at + 1):
         #| loss.backward()
         # [end]
         loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
-    # [option: nan_guard]
 
-    # NaN guard: an inf/NaN loss would poison every weight it touches, so drop this step's update.
-    # Checking costs one host sync per step.
-    bad = (~torch.isfinite(loss_sum)).float()
-    # [option: distributed!=none]
-    #| dist.all_reduce(bad)  # every rank must make the same decision
+    # The optimizer step, once per ACCUM_STEPS micro-batches.
+    # [option: grad_norm]
+    # [option: scaler]
+    scaler.unscale_(optimizer)  # divide the gradients by the scale first: clip and check the true gradients
     # [end]
-    if bad.item():
-        nonfinite_steps += 1
+    # [option: clip]
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    # [else]
+    #| grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)  # the norm only, no clipping
+    # [end]
+    # [end]
+    # [option: nan_guard]
+    # NaN guard: an inf/NaN loss or gradient would poison every weight it touches: drop the update.
+    # [option: scaler]
+    # Under fp16 the GradScaler does this itself (scaler.step skips, scaler.update lowers the scale).
+    if PRECISION != "fp16" and nonfinite_step(step, loss_sum, grad_norm):
+    # [else]
+    #| if nonfinite_step(step, loss_sum, grad_norm):
+    # [end]
         optimizer.zero_grad(set_to_none=True)
-        if RANK == 0:
-            print(f"step {step + 1}: non-finite loss, update skipped ({nonfinite_steps} so far)", flush=True)
         continue
     # [end]
 
-    # The optimizer step, once per ACCUM_STEPS micro-batches.
     # [option: scaler]
-    # [option: clip]
-    scaler.unscale_(optimizer)  # divide the gradients by the scale first: clip the true gradients
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    # [end]
     scaler.step(optimizer)  # skips the update if any gradient is inf/NaN
     scale_before = scaler.get_scale()
     scaler.update()  # once per optimizer step: lowers the scale after an overflow, grows it slowly otherwise
     # The scale only drops when the step was skipped. (Reading it is a small host sync.)
     stepped = scaler.get_scale() >= scale_before
     skipped_steps += not stepped
+    # [option: nan_guard]
+    nonfinite_streak = 0 if stepped else nonfinite_streak + 1
+    check_nonfinite_streak(step)
+    # [end]
     # [option: scheduler=cosine]
     if stepped:  # a skipped fp16 step must not advance the LR schedule (it would eat the warm-up)
         scheduler.step()
     # [end]
     # [else]
-    # [option: clip]
-    #| grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    # [end]
     #| optimizer.step()
+    # [option: nan_guard]
+    #| nonfinite_streak = 0
+    # [end]
     # [option: scheduler=cosine]
     #| scheduler.step()
     # [end]
@@ -563,6 +657,7 @@ for step in range(start_step, stop_at + 1):
 # [end]
 if RANK == 0:
     # [option: not checkpoint]
+    #| check_finite(weights)
     #| os.makedirs(OUT_DIR, exist_ok=True)
     #| torch.save(weights, os.path.join(OUT_DIR, "model.pt"))
     # [end]
@@ -571,7 +666,7 @@ if RANK == 0:
     summary += f" | fp16 steps skipped by the scaler: {skipped_steps}"
     # [end]
     # [option: nan_guard]
-    summary += f" | non-finite losses skipped: {nonfinite_steps}"
+    summary += f" | non-finite steps skipped: {nonfinite_steps}"
     # [end]
     print(summary, flush=True)
 # [option: distributed!=none]

@@ -113,6 +113,7 @@ def _context(options: dict) -> dict:
     """Option values plus the facts the template branches on."""
     ctx = dict(options)
     ctx["scaler"] = options["precision"] in ("fp16", "auto")  # a GradScaler exists in the script
+    ctx["grad_norm"] = bool(options.get("clip")) or bool(options.get("nan_guard"))  # the norm is measured
     return ctx
 
 
