@@ -1,4 +1,4 @@
-"""The recipe renderer, its option metadata and the `recipe` command (no training here)."""
+"""The recipe renderer, its option metadata and the `recipe` command; the NaN guard under injected faults."""
 from __future__ import annotations
 
 import json
@@ -91,3 +91,56 @@ def test_cli_bad_combination_is_a_clear_error(capsys, tmp_path):
     assert not (tmp_path / "x.py").exists()
     assert main(["recipe", "-o", str(tmp_path / "missing" / "x.py")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+# Finite loss, NaN gradients on the listed loss_fn calls: d sqrt(|z|)/dz at 0 is inf, times 0 is NaN.
+_FAULT = """
+_FAULT_CALLS = {calls}
+_calls = [0]
+_plain_loss_fn = loss_fn
+
+
+def loss_fn(logits, targets):
+    _calls[0] += 1
+    loss = _plain_loss_fn(logits, targets)
+    if _calls[0] - 1 in _FAULT_CALLS:
+        loss = loss + 0.0 * (logits.sum() * 0.0).abs().sqrt()
+    return loss
+"""
+
+
+def _run_with_faults(tmp_path, options: dict, calls: str, steps: int):
+    import subprocess
+    import sys
+
+    text = recipes.render_recipe(**options)
+    text = text.replace("\ndef get_batch(", _FAULT.format(calls=calls) + "\n\ndef get_batch(", 1)
+    script = tmp_path / "train_faulty.py"
+    script.write_text(text)
+    return subprocess.run([sys.executable, str(script), "--device", "cpu", "--max-steps", str(steps), "--batch-size",
+                           "2", "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=240)
+
+
+def test_nan_guard_skips_nonfinite_gradients_and_aborts_on_a_streak(tmp_path):
+    import torch
+
+    opts = dict(precision="bf16", nan_guard=True, checkpoint=True, eval=False, log_every=1)
+    out = _run_with_faults(tmp_path, opts, "{2, 3}", 6)  # two bad steps with a finite loss: skipped
+    assert out.returncode == 0, out.stderr
+    assert "non-finite steps skipped: 2" in out.stdout
+    weights = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+    out = _run_with_faults(tmp_path / "..", dict(opts, checkpoint=False), "set(range(2, 999))", 30)
+    assert out.returncode != 0 and "in a row had inf/NaN" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_without_the_guard_nonfinite_weights_are_never_saved(tmp_path):
+    out = _run_with_faults(tmp_path, dict(precision="fp32", nan_guard=False, checkpoint=True, eval=False), "{1}", 3)
+    assert out.returncode != 0 and "not saving" in out.stderr and not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_recipe_reports_every_invalid_option_at_once(capsys):
+    assert main(["recipe", "--accum", "0", "--clip", "-1", "--precision", "fp8", "--sync-batchnorm"]) == 2
+    err = capsys.readouterr().err
+    assert "--accum" in err and "--clip" in err and "--precision" in err and "--sync-batchnorm" in err

@@ -32,11 +32,13 @@ SPACE = {
     "eval": [False, True],
     "compile": [False, True],
     "channels_last": [False, True],
+    "activation_checkpointing": [False, True],
 }
 
 
 # Rendering, compiling and linting are cheap: there the covering set also pairs the process setup.
-STATIC_SPACE = {**SPACE, "distributed": ["none", "ddp", "fsdp"], "log_every": [1, 10]}
+STATIC_SPACE = {**SPACE, "distributed": ["none", "ddp", "fsdp"], "log_every": [1, 10], "tf32": [False, True],
+                "cudnn_benchmark": [False, True]}
 
 
 def _valid(row: dict) -> bool:

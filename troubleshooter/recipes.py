@@ -100,10 +100,9 @@ def normalize_options(**options) -> dict:
         result[name] = value
         if problem:
             problems.append(problem)
-    if not problems:
-        for rule in meta["constraints"]:
-            if all(result.get(k) == v for k, v in rule["when"].items()):
-                problems.append(rule["message"])
+    for rule in meta["constraints"]:  # combinations too, alongside bad values: every problem at once
+        if all(result.get(k) == v for k, v in rule["when"].items()):
+            problems.append(rule["message"])
     if problems:
         raise UserError("cannot build this recipe:", problems)
     return result
