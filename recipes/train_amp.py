@@ -20,6 +20,11 @@ import math
 import os
 import sys
 import time
+# [option: distributed=fsdp]
+# [option: scaler]
+#| import warnings
+# [end]
+# [end]
 
 import torch
 import torch.nn as nn
@@ -54,9 +59,12 @@ PRECISION = "auto"   # [--precision] auto | bf16 | fp16 | fp32 (auto: bf16 if th
 # [end]
 MAX_STEPS = 100      # [--max-steps] optimizer steps; the LR schedule spans exactly these
 BATCH_SIZE = 16      # [--batch-size] samples per micro-batch, per process
+# [option: data=loader]
+#| NUM_WORKERS = 2      # [--num-workers] DataLoader worker processes per training process (0: load in the main process)
+# [end]
 ACCUM_STEPS = 1      # micro-batches per optimizer step: effective batch = BATCH_SIZE * ACCUM_STEPS * processes
 LR = 3e-3            # [--lr] peak learning rate
-WEIGHT_DECAY = 0.01
+WEIGHT_DECAY = 0.01  # AdamW weight decay, for weights of rank >= 2 only
 # [option: clip]
 GRAD_CLIP = 1.0      # clip the global gradient norm to this, measured on the true (unscaled) gradients
 # [end]
@@ -71,6 +79,14 @@ EVAL_BATCHES = 4
 # [end]
 # [option: checkpoint]
 CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
+# [end]
+# [option: distributed=fsdp]
+# [option: model=transformer]
+#| FSDP_WRAP_CLASSES = {"Block"}  # module classes FSDP shards one by one; empty: by size (FSDP_MIN_PARAMS)
+# [else]
+#| FSDP_WRAP_CLASSES = set()  # module classes FSDP shards one by one; empty: by size (FSDP_MIN_PARAMS)
+# [end]
+#| FSDP_MIN_PARAMS = 1_000_000  # size policy: a unit per module holding this many parameters
 # [end]
 # [option: nan_guard]
 MAX_NONFINITE_STREAK = 20  # abort after this many optimizer steps in a row with inf/NaN loss or gradients
@@ -91,6 +107,9 @@ parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
 parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
 parser.add_argument("--lr", type=float, default=LR)
 parser.add_argument("--device", default=DEVICE)
+# [option: data=loader]
+#| parser.add_argument("--num-workers", type=int, default=NUM_WORKERS)
+# [end]
 parser.add_argument("--out-dir", default=OUT_DIR)
 # [option: checkpoint]
 parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
@@ -103,6 +122,9 @@ parser.add_argument("--stop-at", type=int, default=None, metavar="STEP",
 args = parser.parse_args()
 PRECISION, MAX_STEPS, BATCH_SIZE, LR = args.precision, args.max_steps, args.batch_size, args.lr
 DEVICE, OUT_DIR = args.device, args.out_dir
+# [option: data=loader]
+#| NUM_WORKERS = max(0, args.num_workers)
+# [end]
 if MAX_STEPS < 1 or BATCH_SIZE < 1 or not LR > 0:
     parser.error("--max-steps and --batch-size must be >= 1 and --lr > 0")
 # [option: checkpoint]
@@ -172,6 +194,10 @@ def pick_precision(device: torch.device) -> str:
         # [end]
     if device.type == "cpu":
         return "bf16" if cpu_has_fast_bf16() else "fp32"
+    # [option: scaler]
+    if device.type == "mps":
+        return "fp16"  # Apple GPUs: float16 is the native half type (GradScaler('mps') scales the loss)
+    # [end]
     return "fp32"
 
 
@@ -231,11 +257,17 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(N_EMBD)
         self.head = nn.Linear(N_EMBD, VOCAB_SIZE)
 
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+    def forward(self, input_ids, labels=None):
+        x = self.tok(input_ids) + self.pos(torch.arange(input_ids.shape[1], device=input_ids.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        # matmul rather than self.head(x): the 3-D result is a new tensor, not a view of a 2-D one,
+        # so FSDP2 can hook the model's output for backward without warning about in-place views.
+        logits = torch.matmul(self.ln_f(x), self.head.weight.t()) + self.head.bias
+        if labels is None:
+            return logits
+        # Given labels it returns its own loss, as Hugging Face models do (output.loss / output["loss"]).
+        return {"loss": loss_fn(logits, labels), "logits": logits}
 
 
 def build_model() -> nn.Module:
@@ -247,11 +279,18 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def make_samples(gen: torch.Generator):
+def make_samples(gen: torch.Generator, n: int = BATCH_SIZE):
     """Synthetic language: every token is the previous one plus 7 (mod VOCAB_SIZE)."""
-    start = torch.randint(VOCAB_SIZE, (BATCH_SIZE, 1), generator=gen)
+    start = torch.randint(VOCAB_SIZE, (n, 1), generator=gen)
     seq = (start + 7 * torch.arange(SEQ_LEN + 1)) % VOCAB_SIZE
     return seq[:, :-1], seq[:, 1:]
+# [option: data=loader]
+
+
+#| def as_example(x, y):
+#|     """One dataset item, as a Hugging Face dataset gives it: a dict the model takes as keywords."""
+#|     return {"input_ids": x, "labels": y}
+# [end]
 # [else]
 #| IMAGE_SIZE = 16
 #| IN_CHANNELS = 3
@@ -284,32 +323,135 @@ def make_samples(gen: torch.Generator):
 #|     return F.cross_entropy(logits, targets)
 #|
 #|
-#| def make_samples(gen: torch.Generator):
+#| def make_samples(gen: torch.Generator, n: int = BATCH_SIZE):
 #|     """Synthetic images: a fixed random pattern per class, plus noise."""
 #|     patterns = torch.randn(NUM_CLASSES, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE,
 #|                            generator=torch.Generator().manual_seed(SEED))
-#|     labels = torch.randint(NUM_CLASSES, (BATCH_SIZE,), generator=gen)
-#|     noise = torch.randn(BATCH_SIZE, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE, generator=gen)
+#|     labels = torch.randint(NUM_CLASSES, (n,), generator=gen)
+#|     noise = torch.randn(n, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE, generator=gen)
 #|     images = patterns[labels] + 0.5 * noise
 #|     return images, labels
+# [option: data=loader]
+#|
+#|
+#| def as_example(x, y):
+#|     """One dataset item: an (image, label) tuple, as torchvision datasets give it."""
+#|     return x, y
 # [end]
+# [end]
+
+
+def compute_loss(model: nn.Module, batch) -> torch.Tensor:
+    """THE PLUG-IN POINT: one batch in, the scalar training loss out (called under autocast).
+
+    A tuple/list batch (inputs, targets) runs loss_fn(model(inputs), targets). A dict batch (Hugging
+    Face style: input_ids, attention_mask, labels, ...) runs model(**batch), and a model that computes
+    its own loss returns it as output.loss (a ModelOutput), output["loss"], or first in a tuple.
+    """
+    if isinstance(batch, dict):
+        out = model(**batch)
+        if isinstance(out, torch.Tensor):
+            return out
+        if isinstance(out, dict) or hasattr(out, "keys"):
+            return out["loss"]
+        return out.loss if hasattr(out, "loss") else out[0]
+    inputs, targets = batch
+    return loss_fn(model(inputs), targets)
+
+
+def to_device(batch):
+    """Move a batch (tensor, tuple/list or dict of them) to the device."""
+    if isinstance(batch, dict):
+        return {k: to_device(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v) for v in batch)
+    if not isinstance(batch, torch.Tensor):
+        return batch
+    # [option: data=synthetic]
+    if device.type == "cuda":
+        batch = batch.pin_memory()  # page-locked: the copy below overlaps with compute
+    # [end]
+    # non_blocking: the host does not wait for the copy (with pinned memory, the GPU copies asynchronously).
+    batch = batch.to(device, non_blocking=True)
+    # [option: channels_last]
+    #| if batch.dim() == 4:
+    #|     batch = batch.contiguous(memory_format=torch.channels_last)  # NHWC: what tensor-core convolutions want
+    # [end]
+    return batch
+# [option: data=synthetic]
 
 
 def get_batch(split: str, index: int):
     """Batch number `index` of `split`, identical on every run: a resumed run sees the same data."""
     gen = torch.Generator().manual_seed(SEED + 2 * (index * WORLD_SIZE + RANK) + (split == "val"))
-    x, y = make_samples(gen)
-    if device.type == "cuda":
-        # Pinned memory + non_blocking: the copy overlaps with compute instead of stalling the host.
-        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    else:
-        x, y = x.to(device), y.to(device)
-    # [option: channels_last]
-    #| x = x.contiguous(memory_format=torch.channels_last)  # NHWC: the layout tensor-core convolutions want
-    # [end]
-    return x, y
+    return to_device(make_samples(gen))
+# [else]
+#|
+#|
+#| class DemoDataset(torch.utils.data.Dataset):
+#|     """The demo task as a map-style dataset (item i is the same on every run). Replace with yours:
+#|     any Dataset whose items are tuples (inputs, targets) or dicts (model keyword arguments)."""
+#|
+#|     def __init__(self, split: str, size: int):
+#|         self.split, self.size = split, size
+#|
+#|     def __len__(self) -> int:
+#|         return self.size
+#|
+#|     def __getitem__(self, i: int):
+#|         gen = torch.Generator().manual_seed(SEED + 2 * i + (self.split == "val"))
+#|         x, y = make_samples(gen, 1)
+#|         return as_example(x[0], y[0])
+#|
+#|
+#| datasets = {"train": DemoDataset("train", 4096), "val": DemoDataset("val", 256)}
+#|
+#|
+#| def make_loader(split: str, epoch: int = 0, skip_batches: int = 0) -> torch.utils.data.DataLoader:
+#|     """This process's share of `split` for one epoch, starting after `skip_batches` batches (resume)."""
+#|     # DistributedSampler also without a process group: it splits the data into WORLD_SIZE disjoint
+#|     # shards and, with set_epoch, shuffles each epoch differently but identically on every run.
+#|     sampler = torch.utils.data.DistributedSampler(datasets[split], num_replicas=WORLD_SIZE, rank=RANK,
+#|                                                   shuffle=split == "train", seed=SEED, drop_last=True)
+#|     sampler.set_epoch(epoch)
+#|     indices = list(sampler)[skip_batches * BATCH_SIZE:]
+#|     return torch.utils.data.DataLoader(
+#|         datasets[split], batch_size=BATCH_SIZE, sampler=indices, drop_last=True, num_workers=NUM_WORKERS,
+#|         pin_memory=device.type == "cuda",  # page-locked batches: the copy to the GPU overlaps with compute
+#|         persistent_workers=False)
+#|
+#|
+#| def train_batches(start: int):
+#|     """Training micro-batches, epoch after epoch, from micro-batch number `start` on: where a run
+#|     resumed from a checkpoint at step S continues (S * ACCUM_STEPS micro-batches are done)."""
+#|     per_epoch = len(datasets["train"]) // WORLD_SIZE // BATCH_SIZE
+#|     if per_epoch < 1:
+#|         sys.exit(f"error: the training set has fewer than BATCH_SIZE * processes = {BATCH_SIZE * WORLD_SIZE} items")
+#|     epoch, offset = divmod(start, per_epoch)
+#|     while True:
+#|         for batch in make_loader("train", epoch, offset):
+#|             yield to_device(batch)
+#|         epoch, offset = epoch + 1, 0
+# [end]
 
 
+# [option: distributed=fsdp]
+
+
+#| def fsdp_units(model: nn.Module) -> list[nn.Module]:
+#|     """The submodules FSDP shards one by one: those whose class is in FSDP_WRAP_CLASSES (transformer
+#|     blocks: add yours, e.g. "LlamaDecoderLayer"), else by size: every module holding at least
+#|     FSDP_MIN_PARAMS parameters not already in a smaller unit. Nothing has to be called `blocks`."""
+#|     if FSDP_WRAP_CLASSES:
+#|         return [m for m in model.modules() if type(m).__name__ in FSDP_WRAP_CLASSES]
+#|     units, taken = [], set()
+#|     for module in reversed(list(model.modules())[1:]):  # children before their parents
+#|         free = [p for p in module.parameters() if id(p) not in taken]
+#|         if sum(p.numel() for p in free) >= FSDP_MIN_PARAMS:
+#|             units.append(module)
+#|             taken.update(id(p) for p in free)
+#|     return units
+# [end]
 # [option: activation_checkpointing]
 
 
@@ -356,13 +498,20 @@ raw_model = model  # the plain module: its state_dict is what checkpoints hold
 # [option: distributed=fsdp]
 #| # FSDP2 casts the sharded float32 weights to amp_dtype for compute and reduces gradients in float32.
 #| mp_policy = MixedPrecisionPolicy(param_dtype=None if PRECISION == "fp32" else amp_dtype, reduce_dtype=torch.float32)
-#| for block in model.blocks:
-#|     fully_shard(block, mp_policy=mp_policy)  # one block's full weights in memory at a time
-#| fully_shard(model, mp_policy=mp_policy)
+#| for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+#|     # BatchNorm keeps float32 weights, like its float32 running statistics (autocast feeds it half inputs).
+#|     fully_shard(norm, mp_policy=MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32))
+#| for unit in fsdp_units(model):
+#|     fully_shard(unit, mp_policy=mp_policy)  # one unit's full weights in memory at a time
+#| fully_shard(model, mp_policy=mp_policy)  # the rest (embeddings, head) as one more unit
 # [end]
 
+# Weight decay on matmul/conv weights only: biases, norm scales and other 1-D parameters are not decayed.
+decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+param_groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
 # Fused AdamW: the whole update in one kernel on CUDA.
-optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
+optimizer = torch.optim.AdamW(param_groups, lr=LR, fused=device.type == "cuda")
 # [option: scheduler=cosine]
 
 
@@ -381,6 +530,9 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 # no-op) for bf16 and fp32, so this one loop serves every precision.
 # [option: distributed=fsdp]
 #| scaler = ShardedGradScaler(device.type, enabled=PRECISION == "fp16")  # agrees on inf/NaN across ranks
+#| # The scaler's one-element scale meets DTensor gradients inside torch, which warns about it on every
+#| # step; the replication it describes is what the scaler needs, so that one message is silenced.
+#| warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
 # [else]
 scaler = torch.amp.GradScaler(device.type, enabled=PRECISION == "fp16")
 # [end]
@@ -408,6 +560,8 @@ def nonfinite_step(step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -
     The gradient norm is computed for clipping anyway; reading the flag is one host sync per step.
     """
     global nonfinite_steps, nonfinite_streak
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; its full value is the global norm
+        grad_norm = grad_norm.full_tensor()
     bad = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float()
     # [option: distributed!=none]
     #| dist.all_reduce(bad)  # every rank must make the same decision
@@ -442,15 +596,24 @@ def model_state() -> dict:
 # [option: eval]
 
 
+# [option: data=loader]
+#| val_batches = [batch for _, batch in zip(range(EVAL_BATCHES), make_loader("val"))]  # the same held-out batches each time
+# [end]
+
+
 @torch.no_grad()
 def evaluate() -> float:
     """Mean loss on EVAL_BATCHES held-out batches, under the same autocast as training."""
     model.eval()
     total = torch.zeros((), device=device)
     for i in range(EVAL_BATCHES):
-        x, y = get_batch("val", i)
+        # [option: data=synthetic]
+        batch = get_batch("val", i)
+        # [else]
+        #| batch = to_device(val_batches[i])
+        # [end]
         with autocast_ctx:
-            total += loss_fn(model(x), y)
+            total += compute_loss(model, batch)
     model.train()
     return total.item() / EVAL_BATCHES
 # [end]
@@ -543,6 +706,9 @@ if args.resume is not None:
 if RANK == 0:
     print(f"training on {device} in {PRECISION} | {WORLD_SIZE} process(es) | steps {start_step}..{stop_at}", flush=True)
 items_per_step = BATCH_SIZE * ACCUM_STEPS * WORLD_SIZE * ITEMS_PER_SAMPLE
+# [option: data=loader]
+#| batches = train_batches(start_step * ACCUM_STEPS)  # a resumed run continues at the next unseen batch
+# [end]
 model.train()
 t_log, window_steps = time.perf_counter(), 0
 for step in range(start_step, stop_at + 1):
@@ -566,7 +732,11 @@ for step in range(start_step, stop_at + 1):
     # Forward and backward over ACCUM_STEPS micro-batches; gradients add up in .grad.
     loss_sum = torch.zeros((), device=device)
     for micro in range(ACCUM_STEPS):
-        x, y = get_batch("train", step * ACCUM_STEPS + micro)
+        # [option: data=synthetic]
+        batch = get_batch("train", step * ACCUM_STEPS + micro)
+        # [else]
+        #| batch = next(batches)
+        # [end]
         # [option: distributed=ddp]
         #| # All-reduce gradients only on the last micro-batch: one communication per optimizer step.
         #| model.require_backward_grad_sync = micro == ACCUM_STEPS - 1
@@ -577,7 +747,7 @@ for step in range(start_step, stop_at + 1):
         # [end]
         with autocast_ctx:
             # Divide by ACCUM_STEPS: the summed micro-batch gradients then equal the whole batch's mean.
-            loss = loss_fn(model(x), y) / ACCUM_STEPS
+            loss = compute_loss(model, batch) / ACCUM_STEPS
         # backward() outside autocast: each op's backward runs in the dtype its forward used.
         # [option: scaler]
         scaler.scale(loss).backward()  # fp16: the scaled loss keeps small gradients from flushing to zero

@@ -204,7 +204,7 @@ GPU_NAMES = [
     ("MI100", "CDNA1", None, 32, "fp16"),
     ("AMD Radeon RX 7900 XTX", "RDNA3", None, 24, "bf16"),
     ("Radeon RX 6800 XT", "RDNA2", None, None, "fp16"),
-    ("Apple M2 Max", "Apple silicon", None, None, "bf16"),
+    ("Apple M2 Max", "Apple silicon", None, None, "fp16"),
     ("Apple M1", "Apple silicon (M1)", None, None, "fp16"),
     ("Intel(R) Data Center GPU Max 1550", "Xe-HPC", None, 128, "bf16"),
     ("Intel Arc A770 16GB", "Xe-HPG", None, 16, "bf16"),

@@ -33,6 +33,7 @@ SPACE = {
     "compile": [False, True],
     "channels_last": [False, True],
     "activation_checkpointing": [False, True],
+    "data": ["synthetic", "loader"],
 }
 
 
@@ -94,7 +95,7 @@ DISTRIBUTED_VARIANTS = [
     dict(distributed="fsdp", precision="bf16", clip=1.0, accum=2, scheduler="cosine", checkpoint=True,
          nan_guard=True, eval=True),
     dict(distributed="fsdp", precision="fp16", clip=0.5, accum=2, scheduler="cosine", checkpoint=True,
-         nan_guard=True, eval=True),
+         nan_guard=True, eval=True, model="cnn", data="loader"),  # BatchNorm under FSDP2, size-policy units
 ]
 # One DDP and one FSDP2 run under torchrun: each costs three Python processes.
 TORCHRUN_VARIANTS = [DISTRIBUTED_VARIANTS[0], DISTRIBUTED_VARIANTS[2]]
@@ -163,6 +164,9 @@ def _write(tmp_path: Path, name: str, options: dict) -> Path:
 def _run(cmd: list[str], cwd: Path, timeout: float = 240, **env) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    # A first run prints no warnings of its own (torchrun's OMP_NUM_THREADS notice is the launcher's).
+    own = [ln for ln in proc.stderr.splitlines() if "Warning" in ln and "OMP_NUM_THREADS" not in ln]
+    assert not own, own
     return proc.stdout
 
 

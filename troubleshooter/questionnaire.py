@@ -341,7 +341,8 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
                 warn("if the NaNs also appear in bf16 or fp32, they are not an overflow but a model, data or "
                      "learning-rate problem: localise them with `python -m troubleshooter check` (NaN hunt)")
         else:
-            why("gpu", f"the {dev.name} ({dev.arch}) has bf16 tensor cores: bf16 is as fast as fp16 and has "
+            units = "bf16 tensor cores" if dev.vendor in ("nvidia", "") else "native bf16 (matrix cores)"
+            why("gpu", f"the {dev.name} ({dev.arch}) has {units}: bf16 is as fast as fp16 and has "
                        "float32's range, so no GradScaler and no overflow")
         if a["bf16_pretrained"]:
             why("bf16_pretrained", "the model was pretrained in bf16: fine-tuning in bf16 keeps its value ranges")
@@ -354,9 +355,13 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         why("bf16_pretrained", f"weights pretrained in bf16 overflow fp16 (values beyond 65504) and you already "
                                f"see NaNs; the {dev.name} has no bf16, so stay fp32 (or train on an Ampere+ GPU in bf16)")
         return "fp32"
-    why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 with GradScaler"
-        if dev.tensor_cores else
-        f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 with GradScaler")
+    if dev.vendor not in ("nvidia", ""):
+        why("gpu", f"the {dev.name} ({dev.arch}) runs fp16 natively but not bf16 at full speed, so fp16 with "
+                   f"GradScaler{'(' + repr(dev.kind) + ')' if dev.kind != 'cuda' else ''}")
+    else:
+        why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 with GradScaler"
+            if dev.tensor_cores else
+            f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 with GradScaler")
     if a["bf16_pretrained"]:
         warn("weights pretrained in bf16 often overflow fp16 (activations beyond 65504): watch for NaNs "
              "(the recipe's NaN guard counts them); `python -m troubleshooter check` finds the layer")
