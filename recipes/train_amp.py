@@ -65,6 +65,9 @@ BATCH_SIZE = 16      # [--batch-size] samples per micro-batch, per process
 ACCUM_STEPS = 1      # micro-batches per optimizer step: effective batch = BATCH_SIZE * ACCUM_STEPS * processes
 LR = 3e-3            # [--lr] peak learning rate
 WEIGHT_DECAY = 0.01  # AdamW weight decay, for weights of rank >= 2 only
+# [option: ema]
+#| EMA_DECAY = 0.999    # exponential moving average of the weights: ema = decay * ema + (1 - decay) * weights
+# [end]
 # [option: clip]
 GRAD_CLIP = 1.0      # clip the global gradient norm to this, measured on the true (unscaled) gradients
 # [end]
@@ -88,8 +91,8 @@ CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
 # [end]
 #| FSDP_MIN_PARAMS = 1_000_000  # size policy: a unit per module holding this many parameters
 # [end]
-# [option: nan_guard]
-MAX_NONFINITE_STREAK = 20  # abort after this many optimizer steps in a row with inf/NaN loss or gradients
+# [option: streak]
+MAX_NONFINITE_STREAK = 20  # abort after this many update attempts in a row dropped for inf/NaN
 # [end]
 OUT_DIR = "out"      # [--out-dir] checkpoints and final weights
 DEVICE = "auto"      # [--device] auto | cpu | cuda | cuda:N | mps
@@ -170,6 +173,9 @@ if device.type == "cuda":
 # [end]
 
 
+# [option: scaler]
+
+
 def cpu_has_fast_bf16() -> bool:
     """bf16 on CPU only pays off with native instructions (AVX512-BF16 or AMX)."""
     try:
@@ -181,28 +187,23 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def pick_precision(device: torch.device) -> str:
-    """bf16 where the hardware has it, else fp16 (+ GradScaler) on tensor-core GPUs, else fp32."""
+    """bf16 where the hardware has it, else fp16 (+ GradScaler) where fp16 is fast, else fp32."""
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16"
-        # [option: scaler]
         # Tensor cores (sm_70+), or CUDA cores with a 2x fp16 rate (P100 sm_60, Jetson sm_53/sm_62).
         cc = torch.cuda.get_device_capability(device)
         return "fp16" if cc[0] >= 7 or cc in ((5, 3), (6, 0), (6, 2)) else "fp32"
-        # [else]
-        #| return "fp32"
-        # [end]
     if device.type == "cpu":
         return "bf16" if cpu_has_fast_bf16() else "fp32"
-    # [option: scaler]
     if device.type == "mps":
         return "fp16"  # Apple GPUs: float16 is the native half type (GradScaler('mps') scales the loss)
-    # [end]
     return "fp32"
 
 
 if PRECISION == "auto":
     PRECISION = pick_precision(device)
+# [end]
 if PRECISION == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
     sys.exit("error: bf16 not supported on this GPU (it needs Ampere or newer): use fp16 with GradScaler "
              "(python -m troubleshooter recipe --precision fp16) or fp32")
@@ -489,6 +490,12 @@ model = build_model().to(device)
 #| model = model.to(memory_format=torch.channels_last)
 # [end]
 raw_model = model  # the plain module: its state_dict is what checkpoints hold
+# [option: ema]
+#| # An EMA copy of the float32 weights (and BatchNorm statistics), updated after every real optimizer
+#| # step: often the better model to evaluate and ship. Skipped fp16 steps do not move it.
+#| ema_model = torch.optim.swa_utils.AveragedModel(
+#|     raw_model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(EMA_DECAY), use_buffers=True)
+# [end]
 # [option: compile]
 #| model = torch.compile(model)
 # [end]
@@ -540,7 +547,9 @@ skipped_steps = 0  # fp16 steps the scaler skipped because a gradient overflowed
 # [end]
 # [option: nan_guard]
 nonfinite_steps = 0  # steps dropped by the NaN guard because the loss or a gradient was inf/NaN
-nonfinite_streak = 0  # optimizer steps in a row that did not update (NaN guard or fp16 overflow)
+# [end]
+# [option: streak]
+nonfinite_streak = 0  # update attempts in a row that were dropped (NaN guard or fp16 overflow)
 # [end]
 
 
@@ -574,12 +583,14 @@ def nonfinite_step(step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -
         print(f"step {step + 1}: non-finite loss or gradients, update skipped ({nonfinite_steps} so far)", flush=True)
     check_nonfinite_streak(step)
     return True
+# [end]
+# [option: streak]
 
 
 def check_nonfinite_streak(step: int) -> None:
     """Abort, with a clear message, when every recent step was non-finite: the run has diverged."""
     if nonfinite_streak >= MAX_NONFINITE_STREAK:
-        sys.exit(f"error: {nonfinite_streak} optimizer steps in a row had inf/NaN loss or gradients (last at step "
+        sys.exit(f"error: {nonfinite_streak} update attempts in a row had inf/NaN loss or gradients (at step "
                  f"{step + 1}): training diverged. Nothing non-finite was saved. Lower the learning rate, check the "
                  "data for inf/NaN, or compute unstable ops in float32; `python -m troubleshooter check` localises "
                  "the first non-finite module.")
@@ -602,7 +613,7 @@ def model_state() -> dict:
 
 
 @torch.no_grad()
-def evaluate() -> float:
+def evaluate(model: nn.Module = model) -> float:
     """Mean loss on EVAL_BATCHES held-out batches, under the same autocast as training."""
     model.eval()
     total = torch.zeros((), device=device)
@@ -640,6 +651,9 @@ def save_checkpoint(step: int) -> None:
     ckpt = {
         "model": weights,  # float32 master weights: resuming from half weights would lose precision
         "optimizer": optim_state,
+        # [option: ema]
+        #| "ema": ema_model.state_dict(),
+        # [end]
         # [option: scheduler=cosine]
         "scheduler": scheduler.state_dict(),
         # [end]
@@ -653,6 +667,7 @@ def save_checkpoint(step: int) -> None:
         "nonfinite_steps": nonfinite_steps,
         # [end]
         "step": step,
+        "batches_seen": batches_seen,  # micro-batches consumed (more than step * ACCUM_STEPS after dropped steps)
         "precision": PRECISION,
         "rng": {"cpu": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
@@ -663,7 +678,7 @@ def save_checkpoint(step: int) -> None:
     print(f"step {step}: saved {ckpt_path}", flush=True)
 
 
-start_step = 0
+start_step = start_batches = 0
 if args.resume is not None:
     path = args.resume or ckpt_path
     if not os.path.exists(path):
@@ -679,6 +694,9 @@ if args.resume is not None:
     raw_model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     # [end]
+    # [option: ema]
+    #| ema_model.load_state_dict(ckpt["ema"])
+    # [end]
     # [option: scheduler=cosine]
     scheduler.load_state_dict(ckpt["scheduler"])
     # [end]
@@ -689,7 +707,7 @@ if args.resume is not None:
     # [option: nan_guard]
     nonfinite_steps = ckpt["nonfinite_steps"]
     # [end]
-    start_step = ckpt["step"]
+    start_step, start_batches = ckpt["step"], ckpt["batches_seen"]
     torch.set_rng_state(ckpt["rng"]["cpu"])
     if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
@@ -698,7 +716,7 @@ if args.resume is not None:
 # [else]
 #|
 #|
-#| start_step = 0
+#| start_step = start_batches = 0
 # [end]
 
 # -----------------------------------------------------------------------------
@@ -707,33 +725,42 @@ if RANK == 0:
     print(f"training on {device} in {PRECISION} | {WORLD_SIZE} process(es) | steps {start_step}..{stop_at}", flush=True)
 items_per_step = BATCH_SIZE * ACCUM_STEPS * WORLD_SIZE * ITEMS_PER_SAMPLE
 # [option: data=loader]
-#| batches = train_batches(start_step * ACCUM_STEPS)  # a resumed run continues at the next unseen batch
+#| batches = train_batches(start_batches)  # a resumed run continues at the next unseen batch
 # [end]
 model.train()
 t_log, window_steps = time.perf_counter(), 0
-for step in range(start_step, stop_at + 1):
-    # `step` optimizer steps are done at this point.
+# MAX_STEPS counts real optimizer updates: a dropped step (fp16 overflow, NaN guard) is retried on the
+# next batches, so the LR schedule, which only advances on real updates, always runs to its end.
+step, batches_seen, evaluated_at = start_step, start_batches, None
+while True:
+    # `step` optimizer updates are done at this point; `batches_seen` micro-batches were consumed.
     last = step == stop_at
     # [option: eval]
-    if step % EVAL_EVERY == 0 or last:
+    if step != evaluated_at and (step % EVAL_EVERY == 0 or last):
         val_loss = evaluate()
         if RANK == 0:
             print(f"step {step}: val loss {val_loss:.4f}", flush=True)
+        # [option: ema]
+        #| ema_loss = evaluate(ema_model)
+        #| if RANK == 0:
+        #|     print(f"step {step}: EMA val loss {ema_loss:.4f}", flush=True)
+        # [end]
         t_log, window_steps = time.perf_counter(), 0
     # [end]
     # [option: checkpoint]
-    if step > start_step and (step % CKPT_EVERY == 0 or last):
+    if step != evaluated_at and step > start_step and (step % CKPT_EVERY == 0 or last):
         save_checkpoint(step)
         t_log, window_steps = time.perf_counter(), 0
     # [end]
     if last:
         break
+    evaluated_at = step  # a dropped attempt comes back here with the same step: no second evaluation
 
     # Forward and backward over ACCUM_STEPS micro-batches; gradients add up in .grad.
     loss_sum = torch.zeros((), device=device)
     for micro in range(ACCUM_STEPS):
         # [option: data=synthetic]
-        batch = get_batch("train", step * ACCUM_STEPS + micro)
+        batch = get_batch("train", batches_seen + micro)
         # [else]
         #| batch = next(batches)
         # [end]
@@ -755,6 +782,7 @@ for step in range(start_step, stop_at + 1):
         #| loss.backward()
         # [end]
         loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
+    batches_seen += ACCUM_STEPS
 
     # The optimizer step, once per ACCUM_STEPS micro-batches.
     # [option: grad_norm]
@@ -786,16 +814,17 @@ for step in range(start_step, stop_at + 1):
     # The scale only drops when the step was skipped. (Reading it is a small host sync.)
     stepped = scaler.get_scale() >= scale_before
     skipped_steps += not stepped
-    # [option: nan_guard]
     nonfinite_streak = 0 if stepped else nonfinite_streak + 1
-    check_nonfinite_streak(step)
-    # [end]
+    optimizer.zero_grad(set_to_none=True)  # frees the gradients instead of writing zeros into them
+    if not stepped:  # skipped: the LR schedule must not advance (it would eat the warm-up); retried
+        check_nonfinite_streak(step)
+        continue
     # [option: scheduler=cosine]
-    if stepped:  # a skipped fp16 step must not advance the LR schedule (it would eat the warm-up)
-        scheduler.step()
+    scheduler.step()
     # [end]
     # [else]
     #| optimizer.step()
+    #| optimizer.zero_grad(set_to_none=True)  # frees the gradients instead of writing zeros into them
     # [option: nan_guard]
     #| nonfinite_streak = 0
     # [end]
@@ -803,13 +832,16 @@ for step in range(start_step, stop_at + 1):
     #| scheduler.step()
     # [end]
     # [end]
-    optimizer.zero_grad(set_to_none=True)  # frees the gradients instead of writing zeros into them
+    # [option: ema]
+    #| ema_model.update_parameters(raw_model)
+    # [end]
+    step += 1
     window_steps += 1
 
-    if (step + 1) % LOG_EVERY == 0 and RANK == 0:
+    if step % LOG_EVERY == 0 and RANK == 0:
         # .item() waits for the device to finish: do it only when printing.
         rate = window_steps * items_per_step / (time.perf_counter() - t_log)
-        line = f"step {step + 1}/{MAX_STEPS} | loss {loss_sum.item():.4f} | lr {optimizer.param_groups[0]['lr']:.2e}"
+        line = f"step {step}/{MAX_STEPS} | loss {loss_sum.item():.4f} | lr {optimizer.param_groups[0]['lr']:.2e}"
         # [option: clip]
         line += f" | grad norm {float(grad_norm):.3f}"
         # [end]
@@ -830,6 +862,9 @@ if RANK == 0:
     #| check_finite(weights)
     #| os.makedirs(OUT_DIR, exist_ok=True)
     #| torch.save(weights, os.path.join(OUT_DIR, "model.pt"))
+    # [option: ema]
+    #| torch.save(ema_model.module.state_dict(), os.path.join(OUT_DIR, "model_ema.pt"))
+    # [end]
     # [end]
     summary = f"done: {stop_at} steps"
     # [option: scaler]

@@ -93,23 +93,22 @@ def test_cli_bad_combination_is_a_clear_error(capsys, tmp_path):
     assert "cannot write" in capsys.readouterr().err
 
 
-# Finite loss, NaN gradients on the listed loss_fn calls: d sqrt(|z|)/dz at 0 is inf, times 0 is NaN.
+# A finite loss with NaN gradients while training on the listed micro-batches (by the script's own
+# data position, so a resumed run meets the same faults): d sqrt(|z|)/dz at 0 is inf, times 0 is NaN.
 _FAULT = """
-_FAULT_CALLS = {calls}
-_calls = [0]
+_FAULT_BATCHES = {calls}
 _plain_loss_fn = loss_fn
 
 
 def loss_fn(logits, targets):
-    _calls[0] += 1
     loss = _plain_loss_fn(logits, targets)
-    if _calls[0] - 1 in _FAULT_CALLS:
+    if model.training and globals().get("batches_seen") in _FAULT_BATCHES:
         loss = loss + 0.0 * (logits.sum() * 0.0).abs().sqrt()
     return loss
 """
 
 
-def _run_with_faults(tmp_path, options: dict, calls: str, steps: int):
+def _run_with_faults(tmp_path, options: dict, calls: str, steps: int, *extra: str, out: str = "out"):
     import subprocess
     import sys
 
@@ -118,7 +117,7 @@ def _run_with_faults(tmp_path, options: dict, calls: str, steps: int):
     script = tmp_path / "train_faulty.py"
     script.write_text(text)
     return subprocess.run([sys.executable, str(script), "--device", "cpu", "--max-steps", str(steps), "--batch-size",
-                           "2", "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=240)
+                           "2", "--out-dir", str(tmp_path / out), *extra], capture_output=True, text=True, timeout=240)
 
 
 def test_nan_guard_skips_nonfinite_gradients_and_aborts_on_a_streak(tmp_path):
@@ -130,8 +129,8 @@ def test_nan_guard_skips_nonfinite_gradients_and_aborts_on_a_streak(tmp_path):
     assert "non-finite steps skipped: 2" in out.stdout
     weights = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
-    out = _run_with_faults(tmp_path / "..", dict(opts, checkpoint=False), "set(range(2, 999))", 30)
-    assert out.returncode != 0 and "in a row had inf/NaN" in out.stderr
+    out = _run_with_faults(tmp_path, dict(opts, checkpoint=False), "set(range(2, 999))", 30, out="out2")
+    assert out.returncode != 0 and "in a row had inf/NaN" in out.stderr and not (tmp_path / "out2").exists()
     assert "Traceback" not in out.stderr
 
 
@@ -144,3 +143,24 @@ def test_recipe_reports_every_invalid_option_at_once(capsys):
     assert main(["recipe", "--accum", "0", "--clip", "-1", "--precision", "fp8", "--sync-batchnorm"]) == 2
     err = capsys.readouterr().err
     assert "--accum" in err and "--clip" in err and "--precision" in err and "--sync-batchnorm" in err
+
+
+def test_skipped_fp16_steps_are_retried_so_the_schedule_completes_and_resume_is_exact(tmp_path):
+    import torch
+
+    opts = dict(precision="fp16", scheduler="cosine", checkpoint=True, nan_guard=True, eval=False, log_every=1)
+    faults = "{1, 2, 6}"  # three attempts the GradScaler skips (inf/NaN gradients)
+    whole = _run_with_faults(tmp_path, opts, faults, 12, out="whole")
+    assert whole.returncode == 0, whole.stderr
+    assert "done: 12 steps | fp16 steps skipped by the scaler: 3" in whole.stdout
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    assert a["scheduler"]["last_epoch"] == 12 and a["batches_seen"] == 15  # 12 updates + 3 retried
+    lrs = [float(x) for x in re.findall(r"\| lr ([\d.e+-]+)", whole.stdout)]
+    assert lrs[-1] == pytest.approx(3e-3 * 0.1)  # the cosine schedule ran to its end
+    first = _run_with_faults(tmp_path, opts, faults, 12, "--stop-at", "4", out="split")
+    second = _run_with_faults(tmp_path, opts, faults, 12, "--resume", out="split")
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["scaler"] == b["scaler"] and a["batches_seen"] == b["batches_seen"]

@@ -113,6 +113,7 @@ def _context(options: dict) -> dict:
     ctx = dict(options)
     ctx["scaler"] = options["precision"] in ("fp16", "auto")  # a GradScaler exists in the script
     ctx["grad_norm"] = bool(options.get("clip")) or bool(options.get("nan_guard"))  # the norm is measured
+    ctx["streak"] = ctx["scaler"] or bool(options.get("nan_guard"))  # dropped steps are counted and bounded
     return ctx
 
 
