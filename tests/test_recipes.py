@@ -164,3 +164,62 @@ def test_skipped_fp16_steps_are_retried_so_the_schedule_completes_and_resume_is_
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["scaler"] == b["scaler"] and a["batches_seen"] == b["batches_seen"]
+
+
+GAN_COMBOS = [dict(model="gan", precision=p, clip=c, checkpoint=k, nan_guard=g)
+              for p in ("auto", "bf16", "fp16", "fp32") for c in (None, 1.0) for k in (False, True) for g in (False, True)]
+
+
+def test_gan_template_as_checked_in_is_its_as_written_variant():
+    raw = recipes._template_text("gan")
+    live = [ln for ln in raw.splitlines() if not recipes._MARKER.match(ln) and not recipes._DORMANT.match(ln)]
+    expected = re.sub(r"\n{4,}", "\n\n\n", "\n".join(live).strip("\n") + "\n")
+    as_written = recipes._metadata()["model_templates"]["gan"]["as_written"]
+    assert recipes.render_recipe(**as_written) == expected
+
+
+def test_every_gan_variant_compiles_lints_clean_and_uses_one_scaler():
+    from troubleshooter import lint
+
+    for options in GAN_COMBOS:
+        text = recipes.render_recipe(**options)
+        compile(text, "train_gan_amp.py", "exec")
+        assert "#|" not in text and "[option:" not in text
+        body = text.split('"""', 2)[2]  # the code, after the docstring
+        code = [ln.strip() for ln in body.splitlines() if not ln.lstrip().startswith("#")]
+        if options["precision"] in ("auto", "fp16"):
+            assert code.count("scaler.update()") == 1 and sum("GradScaler(" in ln for ln in code) == 1
+            assert code.count("scaler.step(opt_d)") == 1 and code.count("scaler.step(opt_g)") == 1
+            assert code.index("scaler.step(opt_g)") < code.index("scaler.update()")
+        else:
+            assert not any("scaler" in ln for ln in code)
+        report = lint.lint_text(text, path="train_gan_amp.py")
+        loud = [f for f in report.findings if getattr(f.severity, "value", f.severity) in ("error", "warning")]
+        assert not report.errors and not loud, (options, [(f.rule, f.location.line, f.message) for f in loud])
+
+
+def test_gan_trains_skips_and_resumes_exactly(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    script = tmp_path / "gan.py"
+    script.write_text(recipes.render_recipe(model="gan", precision="fp16", clip=1.0, checkpoint=True, nan_guard=True))
+    base = [sys.executable, str(script), "--device", "cpu", "--max-steps", "30", "--batch-size", "32"]
+    runs = [subprocess.run(base + extra, capture_output=True, text=True, timeout=240) for extra in
+            (["--out-dir", str(tmp_path / "whole")], ["--out-dir", str(tmp_path / "split"), "--stop-at", "12"],
+             ["--out-dir", str(tmp_path / "split"), "--resume"])]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    assert "resumed from" in runs[2].stdout and "done: 30 steps" in runs[0].stdout
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    for part in ("generator", "discriminator"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
+    assert a["scaler"] == b["scaler"] and a["step"] == b["step"] == 30
+
+
+def test_gan_refuses_options_it_does_not_take(capsys):
+    assert main(["recipe", "--model", "gan", "--distributed", "ddp", "--scheduler", "cosine"]) == 2
+    err = capsys.readouterr().err
+    assert "--distributed is not available with --model gan" in err and "--scheduler" in err
