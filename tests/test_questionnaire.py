@@ -136,7 +136,8 @@ def test_ask_json_and_recipe_output(tmp_path, capsys):
     out = tmp_path / "train_amp.py"
     assert main(["ask", "--answers", str(FIXTURES / "v100_nan_clip.yaml"), "--format", "json", "-o", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) >= {"precision", "recipe_options", "reasons", "warnings"}
+    assert set(data) >= {"precision", "recipe_options", "reasons", "warnings", "device_facts"}
+    assert data["device_facts"]["architecture"] == "Volta" and data["device_facts"]["compute_capability"] == "7.0"
     assert data["precision"] == "fp16" and data["recipe_options"]["clip"] == 1.0
     assert data["recipe_options"]["accum"] == 4 and data["recipe_options"]["nan_guard"] is True
     assert out.read_text() == render_recipe(**data["recipe_options"])
@@ -183,6 +184,7 @@ GPU_NAMES = [
     ("RTX 5090", "Blackwell", (12, 0), 32, "bf16"),
     ("NVIDIA A40", "Ampere", (8, 6), 48, "bf16"),
     ("NVIDIA GeForce RTX 2080 SUPER", "Turing", (7, 5), 8, "fp16"),
+    ("NVIDIA GeForce RTX 4070 SUPER", "Ada", (8, 9), 12, "bf16"),
     ("RTX 2080", "Turing", (7, 5), 8, "fp16"),
     ("A100 40GB", "Ampere", (8, 0), 40, "bf16"),
     ("NVIDIA A100-SXM4-40GB", "Ampere", (8, 0), 40, "bf16"),

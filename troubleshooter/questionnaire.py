@@ -158,6 +158,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     device: str = ""
     symptoms_from_log: list[str] = field(default_factory=list)
+    device_facts: dict = field(default_factory=dict)  # what the GPU answer resolved to
 
     def to_dict(self) -> dict:
         """The `ask --format json` object."""
@@ -169,6 +170,7 @@ class Decision:
             "device": self.device,
             "reasons_by_answer": [{"answer": r.answer, "reason": r.text} for r in self.reasons],
             "symptoms_from_log": list(self.symptoms_from_log),
+            "device_facts": dict(self.device_facts),
         }
 
     def to_text(self) -> str:
@@ -513,4 +515,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
 
     opts = normalize_options(**opts)
     device_label = dev.name + (f" ({dev.note})" if dev.note else "")
-    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log)
+    facts = {"name": dev.name, "kind": dev.kind, "vendor": dev.vendor, "architecture": dev.arch,
+             "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev.cc else None, "memory_gb": dev.memory_gb,
+             "bf16": dev.bf16, "fp16_fast": dev.fp16_fast, "tensor_cores": dev.tensor_cores, "tf32": dev.tf32}
+    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts)
