@@ -113,3 +113,57 @@ def test_cli_formats(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"loss: nan\n")))
     assert main(["explain", "-", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["symptoms"] == ["nan_loss"]
+
+
+def _data(name: str) -> list[dict]:
+    import yaml
+    from importlib import resources
+
+    return yaml.safe_load(resources.files("troubleshooter.data").joinpath(name).read_text())["messages"]
+
+
+MESSAGES = _data("explain_messages.yaml")
+
+
+@pytest.mark.parametrize("entry", MESSAGES, ids=[m["text"][:70] for m in MESSAGES])
+def test_every_real_message(entry):
+    report = explain_log(entry["text"])
+    if entry.get("amp", True):
+        assert entry["expect"] in [m.id for m in report.matches], [m.id for m in report.matches]
+        assert report.verdict == "amp"
+    else:  # a non-AMP control: said so, and no AMP rule or symptom
+        assert report.verdict == "not an AMP problem" and report.rules == [] and report.symptoms == []
+        assert all(m.title.startswith("Not an AMP problem") for m in report.matches)
+
+
+def test_held_out_messages_score():
+    """Messages not used to tune the patterns: the score is reported, with a floor of 80%."""
+    entries = _data("explain_heldout.yaml")
+    right = 0
+    for e in entries:
+        report = explain_log(e["text"])
+        right += (report.verdict == "amp") if e["amp"] else (report.verdict == "not an AMP problem" and not report.rules)
+    print(f"held-out: {right}/{len(entries)}")
+    assert right >= 0.8 * len(entries)
+
+
+def test_healthy_fp16_start_and_other_scales_are_not_the_loss_scale():
+    healthy = "\n".join(f"step {i} | loss {3 - 0.1 * i:.2f} | scale {s}"
+                        for i, s in enumerate([65536, 32768, 16384, 8192] + [8192] * 12))
+    assert explain_log(healthy).matches == []
+    lr = "\n".join(f"epoch {i} lr_scale {1 / 2 ** i} loss {2 - 0.1 * i:.2f}" for i in range(10))
+    assert explain_log(lr).matches == []
+    multiscale = "\n".join(f"iter {i} scale: {s} loss: {2 - 0.1 * i:.2f}"
+                           for i, s in enumerate([1.0, 0.75, 0.5, 0.25, 1.0, 0.75, 0.5, 0.25]))
+    assert explain_log(multiscale).matches == []
+
+
+def test_json_says_not_an_amp_problem(capsys, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        b"RuntimeError: mat1 and mat2 must have the same dtype, but got Double and Float\n")))
+    assert main(["explain", "-", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "not an AMP problem" and data["rules"] == [] and data["amp_related"] is False

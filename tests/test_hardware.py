@@ -40,3 +40,19 @@ def test_padded_size_is_shared_by_lint_and_engine():
     assert hardware.padded_size(127, 8) == 128 and hardware.padded_size(128, 8) == 128
     assert hardware.padded_size(50257, hardware.VOCAB_MULTIPLE) == 50304
     assert alignment.padded_size is hardware.padded_size
+
+
+def test_names_match_whole_words_and_memory_in_the_name_wins():
+    assert hardware.find_gpu("NVIDIA L40").name == "L40"  # not the L4
+    assert hardware.find_gpu("NVIDIA L40S").name == "L40S"
+    assert hardware.resolve_gpu("RTX 2080").name == "RTX 2080"  # not the 2080 Ti
+    assert hardware.resolve_gpu("A100 40GB").memory_gb == 40 and hardware.resolve_gpu("A100").memory_gb == 80
+    assert hardware.resolve_gpu("V100 16GB").memory_gb == 16
+    assert hardware.cc_from_text("NVIDIA GeForce RTX 3080 (sm_86, 10 GB)") == (8, 6)
+    assert hardware.memory_from_text("NVIDIA GeForce RTX 3080 (sm_86, 10 GB)") == 10
+
+
+def test_resolve_gpu_never_refuses():
+    gpu = hardware.resolve_gpu("Mystery Card")
+    assert not gpu.known and gpu.warnings and gpu.fp16_fast and not gpu.bf16
+    assert hardware.resolve_gpu("NVIDIA RTX 5060").arch == "Blackwell"  # a family, not a listed product

@@ -1,4 +1,4 @@
-"""The recipe renderer, its option metadata and the `recipe` command (no training here)."""
+"""The recipe renderer, its option metadata and the `recipe` command; the NaN guard under injected faults."""
 from __future__ import annotations
 
 import json
@@ -91,3 +91,135 @@ def test_cli_bad_combination_is_a_clear_error(capsys, tmp_path):
     assert not (tmp_path / "x.py").exists()
     assert main(["recipe", "-o", str(tmp_path / "missing" / "x.py")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+# A finite loss with NaN gradients while training on the listed micro-batches (by the script's own
+# data position, so a resumed run meets the same faults): d sqrt(|z|)/dz at 0 is inf, times 0 is NaN.
+_FAULT = """
+_FAULT_BATCHES = {calls}
+_plain_loss_fn = loss_fn
+
+
+def loss_fn(logits, targets):
+    loss = _plain_loss_fn(logits, targets)
+    if model.training and globals().get("batches_seen") in _FAULT_BATCHES:
+        loss = loss + 0.0 * (logits.sum() * 0.0).abs().sqrt()
+    return loss
+"""
+
+
+def _run_with_faults(tmp_path, options: dict, calls: str, steps: int, *extra: str, out: str = "out"):
+    import subprocess
+    import sys
+
+    text = recipes.render_recipe(**options)
+    text = text.replace("\ndef get_batch(", _FAULT.format(calls=calls) + "\n\ndef get_batch(", 1)
+    script = tmp_path / "train_faulty.py"
+    script.write_text(text)
+    return subprocess.run([sys.executable, str(script), "--device", "cpu", "--max-steps", str(steps), "--batch-size",
+                           "2", "--out-dir", str(tmp_path / out), *extra], capture_output=True, text=True, timeout=240)
+
+
+def test_nan_guard_skips_nonfinite_gradients_and_aborts_on_a_streak(tmp_path):
+    import torch
+
+    opts = dict(precision="bf16", nan_guard=True, checkpoint=True, eval=False, log_every=1)
+    out = _run_with_faults(tmp_path, opts, "{2, 3}", 6)  # two bad steps with a finite loss: skipped
+    assert out.returncode == 0, out.stderr
+    assert "non-finite steps skipped: 2" in out.stdout
+    weights = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+    out = _run_with_faults(tmp_path, dict(opts, checkpoint=False), "set(range(2, 999))", 30, out="out2")
+    assert out.returncode != 0 and "in a row had inf/NaN" in out.stderr and not (tmp_path / "out2").exists()
+    assert "Traceback" not in out.stderr
+
+
+def test_without_the_guard_nonfinite_weights_are_never_saved(tmp_path):
+    out = _run_with_faults(tmp_path, dict(precision="fp32", nan_guard=False, checkpoint=True, eval=False), "{1}", 3)
+    assert out.returncode != 0 and "not saving" in out.stderr and not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_recipe_reports_every_invalid_option_at_once(capsys):
+    assert main(["recipe", "--accum", "0", "--clip", "-1", "--precision", "fp8", "--sync-batchnorm"]) == 2
+    err = capsys.readouterr().err
+    assert "--accum" in err and "--clip" in err and "--precision" in err and "--sync-batchnorm" in err
+
+
+def test_skipped_fp16_steps_are_retried_so_the_schedule_completes_and_resume_is_exact(tmp_path):
+    import torch
+
+    opts = dict(precision="fp16", scheduler="cosine", checkpoint=True, nan_guard=True, eval=False, log_every=1)
+    faults = "{1, 2, 6}"  # three attempts the GradScaler skips (inf/NaN gradients)
+    whole = _run_with_faults(tmp_path, opts, faults, 12, out="whole")
+    assert whole.returncode == 0, whole.stderr
+    assert "done: 12 steps | fp16 steps skipped by the scaler: 3" in whole.stdout
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    assert a["scheduler"]["last_epoch"] == 12 and a["batches_seen"] == 15  # 12 updates + 3 retried
+    lrs = [float(x) for x in re.findall(r"\| lr ([\d.e+-]+)", whole.stdout)]
+    assert lrs[-1] == pytest.approx(3e-3 * 0.1)  # the cosine schedule ran to its end
+    first = _run_with_faults(tmp_path, opts, faults, 12, "--stop-at", "4", out="split")
+    second = _run_with_faults(tmp_path, opts, faults, 12, "--resume", out="split")
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["scaler"] == b["scaler"] and a["batches_seen"] == b["batches_seen"]
+
+
+GAN_COMBOS = [dict(model="gan", precision=p, clip=c, checkpoint=k, nan_guard=g)
+              for p in ("auto", "bf16", "fp16", "fp32") for c in (None, 1.0) for k in (False, True) for g in (False, True)]
+
+
+def test_gan_template_as_checked_in_is_its_as_written_variant():
+    raw = recipes._template_text("gan")
+    live = [ln for ln in raw.splitlines() if not recipes._MARKER.match(ln) and not recipes._DORMANT.match(ln)]
+    expected = re.sub(r"\n{4,}", "\n\n\n", "\n".join(live).strip("\n") + "\n")
+    as_written = recipes._metadata()["model_templates"]["gan"]["as_written"]
+    assert recipes.render_recipe(**as_written) == expected
+
+
+def test_every_gan_variant_compiles_lints_clean_and_uses_one_scaler():
+    from troubleshooter import lint
+
+    for options in GAN_COMBOS:
+        text = recipes.render_recipe(**options)
+        compile(text, "train_gan_amp.py", "exec")
+        assert "#|" not in text and "[option:" not in text
+        body = text.split('"""', 2)[2]  # the code, after the docstring
+        code = [ln.strip() for ln in body.splitlines() if not ln.lstrip().startswith("#")]
+        if options["precision"] in ("auto", "fp16"):
+            assert code.count("scaler.update()") == 1 and sum("GradScaler(" in ln for ln in code) == 1
+            assert code.count("scaler.step(opt_d)") == 1 and code.count("scaler.step(opt_g)") == 1
+            assert code.index("scaler.step(opt_g)") < code.index("scaler.update()")
+        else:
+            assert not any("scaler" in ln for ln in code)
+        report = lint.lint_text(text, path="train_gan_amp.py")
+        loud = [f for f in report.findings if getattr(f.severity, "value", f.severity) in ("error", "warning")]
+        assert not report.errors and not loud, (options, [(f.rule, f.location.line, f.message) for f in loud])
+
+
+def test_gan_trains_skips_and_resumes_exactly(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    script = tmp_path / "gan.py"
+    script.write_text(recipes.render_recipe(model="gan", precision="fp16", clip=1.0, checkpoint=True, nan_guard=True))
+    base = [sys.executable, str(script), "--device", "cpu", "--max-steps", "30", "--batch-size", "32"]
+    runs = [subprocess.run(base + extra, capture_output=True, text=True, timeout=240) for extra in
+            (["--out-dir", str(tmp_path / "whole")], ["--out-dir", str(tmp_path / "split"), "--stop-at", "12"],
+             ["--out-dir", str(tmp_path / "split"), "--resume"])]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    assert "resumed from" in runs[2].stdout and "done: 30 steps" in runs[0].stdout
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    for part in ("generator", "discriminator"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
+    assert a["scaler"] == b["scaler"] and a["step"] == b["step"] == 30
+
+
+def test_gan_refuses_options_it_does_not_take(capsys):
+    assert main(["recipe", "--model", "gan", "--distributed", "ddp", "--scheduler", "cosine"]) == 2
+    err = capsys.readouterr().err
+    assert "--distributed is not available with --model gan" in err and "--scheduler" in err

@@ -32,6 +32,7 @@ class LogMatch:
     line: int  # first line (1-based) where it was seen
     text: str  # that line, trimmed
     count: int = 1
+    amp: bool = True  # False: recognised so as to say "not an AMP problem" (no rule, no symptom)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,9 +52,17 @@ class ExplainReport:
     def rules(self) -> list[str]:
         return sorted({m.rule for m in self.matches if m.rule})
 
+    @property
+    def verdict(self) -> str:
+        """'amp' (an AMP message was recognised), 'not an AMP problem', or 'nothing recognised'."""
+        if any(m.amp for m in self.matches):
+            return "amp"
+        return "not an AMP problem" if self.matches else "nothing recognised"
+
     def to_dict(self) -> dict:
         return {"matches": [m.to_dict() for m in self.matches], "symptoms": self.symptoms,
-                "rules": self.rules, "truncated": self.truncated}
+                "rules": self.rules, "truncated": self.truncated, "verdict": self.verdict,
+                "amp_related": self.verdict == "amp"}
 
     def to_markdown(self) -> str:
         if not self.matches:
@@ -98,7 +107,10 @@ def _fill(text: str, groups: list) -> str:
 
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
-_SCALE = re.compile(r"(?:loss[ _-]?)?scale['\"]?[ \t]*(?:[=:]|to)?[ \t]*" + _NUMBER + r"(?![\w.])", re.IGNORECASE)
+# "loss scale", "loss_scale", "grad scale", or a bare "scale" (our recipes' logs); not "lr_scale",
+# "img_scale" or "scale_factor": other scales that fall on purpose are not the loss scale.
+_SCALE = re.compile(r"(?:(?<![\w])(?:loss|grad)[ _-]?|(?<![\w-]))scale(?:r)?['\"]?[ \t]*(?:[=:]|to)?[ \t]*" + _NUMBER
+                    + r"(?![\w.])", re.IGNORECASE)
 _LOSS = re.compile(r"(?<!\w)(?<!val )(?<!eval )(?:train[ _])?loss['\"]?[ \t]*[=:]?[ \t]*(?:tensor\([ \t]*)?"
                    + _NUMBER + r"(?![\w.])", re.IGNORECASE)
 
@@ -127,9 +139,16 @@ def _scale_trend(text: str, starts: list[int]) -> LogMatch | None:
     values = [(i, v) for i, v in _series(text, starts, _SCALE) if math.isfinite(v)]
     if len(values) < 3:
         return None
-    drops = sum(1 for (_, a), (_, b) in zip(values, values[1:]) if b < a)
+    drops = [k for k, ((_, a), (_, b)) in enumerate(zip(values, values[1:]), 1) if b < a]
     first, last = values[0][1], values[-1][1]
-    if not (drops >= 3 and last <= first / 8) and not (last < 1 and first >= 1):
+    # A loss scale is a power of two that starts high (2^16 in torch, up to 2^32 in DeepSpeed); a
+    # bare "scale" with other values (0.75, a multi-scale augmentation) is something else.
+    if not all(v > 0 and math.log2(v).is_integer() for _, v in values) or max(v for _, v in values) < 8:
+        return None
+    # A normal fp16 start halves the scale a few times, then holds it (65536 -> 8192 in 3 skips while
+    # the loss falls): only a scale that is still falling in the last third of the log is a problem.
+    still_falling = bool(drops) and drops[-1] > 2 * len(values) // 3 and last < first
+    if not ((len(drops) >= 3 and last <= first / 8 and still_falling) or (last < 1 <= first)):
         return None
     line = values[0][0]
     return LogMatch(
@@ -184,7 +203,7 @@ def explain_log(text: str) -> ExplainReport:
         lines_hit = len({bisect.bisect_right(starts, m.start()) for m in found})
         matches.append(LogMatch(p["id"], _fill(p["title"], groups), p["severity"], _fill(p["cause"], groups),
                                 _fill(p["fix"], groups), p.get("rule"), p.get("symptom"), line,
-                                _line_text(text, starts, line), lines_hit))
+                                _line_text(text, starts, line), lines_hit, p.get("amp", True)))
     matches.sort(key=lambda m: m.line)
     matches += [m for m in (_scale_trend(text, starts), _loss_trend(text, starts)) if m]
     return ExplainReport(matches, truncated)

@@ -94,6 +94,8 @@ def validate_answers(answers: Any) -> dict:
     if not isinstance(answers, dict):
         raise UserError("answers must be a mapping of question keys to answers (YAML or JSON object)")
     qmap = _question_map()
+    aliases = {alias: q["key"] for q in questions() for alias in q.get("aliases", [])}
+    answers = {aliases.get(k, k): v for k, v in answers.items() if not (k in aliases and aliases[k] in answers)}
     problems = [f"unknown answer key {k!r}: known keys are {', '.join(qmap)}" for k in answers if k not in qmap]
     result = {}
     for key, q in qmap.items():
@@ -104,11 +106,6 @@ def validate_answers(answers: Any) -> dict:
     gpu = result.get("gpu")
     if not gpu and not any(p.startswith("gpu:") for p in problems):
         problems.append("gpu: required (a GPU model such as V100, T4, A100, RTX 4090, H100; 'cpu'; or 'detect')")
-    elif isinstance(gpu, str) and gpu.lower() not in _NOT_A_GPU_NAME and find_gpu(gpu) is None \
-            and _arch_device(gpu) is None:
-        known = ", ".join(g.name for g in hardware.gpu_models())
-        problems.append(f"gpu: unknown GPU {gpu!r}: name one of {known}, give its compute capability "
-                        "(e.g. sm_86), or say 'cpu' or 'detect'")
     if problems:
         raise UserError("invalid answers:", problems)
     for key, q in qmap.items():
@@ -161,6 +158,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     device: str = ""
     symptoms_from_log: list[str] = field(default_factory=list)
+    device_facts: dict = field(default_factory=dict)  # what the GPU answer resolved to
 
     def to_dict(self) -> dict:
         """The `ask --format json` object."""
@@ -172,6 +170,7 @@ class Decision:
             "device": self.device,
             "reasons_by_answer": [{"answer": r.answer, "reason": r.text} for r in self.reasons],
             "symptoms_from_log": list(self.symptoms_from_log),
+            "device_facts": dict(self.device_facts),
         }
 
     def to_text(self) -> str:
@@ -191,44 +190,45 @@ class Decision:
 class _Device:
     """What the decision needs to know about the device."""
     name: str
-    kind: str  # cuda | cpu
+    kind: str  # cuda (NVIDIA, and AMD under ROCm) | mps | xpu | cpu
     bf16: bool
     fp16_fast: bool
     tensor_cores: bool = False
     memory_gb: float | None = None
     arch: str = ""
     note: str = ""
-
-
-_CC = re.compile(r"^(?:sm_?|cc\s*|compute capability\s*)?(\d{1,2})\.?(\d)$", re.IGNORECASE)
+    vendor: str = ""
+    tf32: bool = False
+    cc: tuple[int, int] | None = None
+    backend_note: str = ""  # what autocast does on a non-NVIDIA backend
+    warnings: tuple[str, ...] = ()
 
 
 def find_gpu(name: str) -> hardware.GpuModel | None:
     """hardware.find_gpu, plus a unique known GPU whose name contains the text ('A6000')."""
     found = hardware.find_gpu(name)
     if found is None and len(name.strip()) >= 3:
-        text = name.strip().lower()
-        hits = [g for g in hardware.gpu_models() if text in g.name.lower()]
+        text = hardware.normalise_name(name)
+        hits = [g for g in hardware.gpu_models() if re.search(r"(?<![a-z0-9])" + re.escape(text) + r"(?![a-z0-9])",
+                                                             g.name.lower())]
         found = hits[0] if len(hits) == 1 else None
     return found
 
 
-def _arch_device(name: str) -> _Device | None:
-    """A compute capability ('sm_86', '8.6', 'cc 7.5') for GPUs not in the list."""
-    m = _CC.match(name.strip())
-    if not m:
-        return None
-    arch = hardware.architecture_for((int(m.group(1)), int(m.group(2))))
-    return _Device(f"sm_{m.group(1)}{m.group(2)} GPU", "cuda", arch.bf16, arch.fp16_tensor_cores,
-                   arch.fp16_tensor_cores, None, arch.name)
+def _resolved_device(gpu: hardware.ResolvedGpu, note: str = "") -> _Device:
+    return _Device(gpu.name, gpu.backend if gpu.backend in ("mps", "xpu") else "cuda", gpu.bf16, gpu.fp16_fast,
+                   gpu.tensor_cores, gpu.memory_gb, gpu.arch, note, gpu.vendor, gpu.tf32, gpu.cc, gpu.note,
+                   gpu.warnings)
 
 
-def _gpu_device(gpu: hardware.GpuModel) -> _Device:
-    arch = gpu.architecture
-    peak = gpu.peak_tflops
-    # Without tensor cores fp16 only pays where the chip runs it at twice the fp32 rate (P100).
-    fp16_fast = arch.fp16_tensor_cores or (peak.get("fp16", 0) >= 2 * peak.get("fp32", float("inf")))
-    return _Device(gpu.name, "cuda", arch.bf16, fp16_fast, arch.fp16_tensor_cores, gpu.memory_gb, arch.name)
+def gpu_answer_from_device(name: str, capability: tuple[int, int] | None, memory_gb: float | None,
+                           vendor: str = "nvidia") -> str:
+    """The GPU answer for a detected device ("NVIDIA GeForce RTX 3080 (sm_86, 10 GB)").
+
+    The app's "Detect my GPU" puts this string in the GPU field: it carries the capability and
+    memory, so the resolver uses the device's own facts whether or not our tables know its name.
+    """
+    return hardware.gpu_answer_text(name, capability, memory_gb, vendor)
 
 
 def _cpu_device(cpu_bf16: bool | None) -> _Device:
@@ -239,7 +239,7 @@ def _cpu_device(cpu_bf16: bool | None) -> _Device:
         flags = cpu_features.cpu_features().get("flags", {})
         cpu_bf16 = any(flags.get(f) for f in cpu_features.BF16_FLAGS)
         note = "read from this machine"
-    return _Device("CPU", "cpu", bool(cpu_bf16), False, note=note)
+    return _Device("CPU", "cpu", bool(cpu_bf16), False, note=note, vendor="cpu")
 
 
 def _detected_device() -> _Device:
@@ -247,54 +247,104 @@ def _detected_device() -> _Device:
 
     report = detect()
     if report.kind == "cuda":
-        gpu = hardware.find_gpu(report.name)
-        if gpu is not None:
-            dev = _gpu_device(gpu)
-            return _Device(report.name, "cuda", report.bf16_native, report.fp16_fast, dev.tensor_cores,
-                           dev.memory_gb, dev.arch, note="detected")
-        return _Device(report.name, "cuda", report.bf16_native, report.fp16_fast,
-                       report.fp16_fast, None, report.facts.get("architecture", ""), note="detected")
-    return _Device(report.name or "CPU", "cpu", report.bf16_native, False, note="detected")
+        cc = report.facts.get("compute_capability")
+        memory = report.facts.get("memory_gb")
+        text = gpu_answer_from_device(report.name, hardware.parse_cc(cc) if cc else None, memory)
+        dev = _resolved_device(hardware.resolve_gpu(text), note="detected")
+        return _Device(report.name, "cuda", report.bf16_native, report.fp16_fast or dev.fp16_fast, dev.tensor_cores,
+                       dev.memory_gb, dev.arch, "detected", dev.vendor, dev.tf32, dev.cc)
+    if report.kind == "mps":
+        return _resolved_device(hardware.resolve_gpu("Apple MPS"), note="detected")
+    return _Device(report.name or "CPU", "cpu", report.bf16_native, False, note="detected", vendor="cpu")
 
 
 def resolve_device(gpu: str, cpu_bf16: bool | None = None) -> _Device:
-    name = gpu.strip()
+    """The device an answer names: 'detect', 'cpu', any GPU name or compute capability (never refused)."""
+    name = str(gpu).strip()
     if name.lower() == "detect":
         return _detected_device()
     if name.lower() in _NOT_A_GPU_NAME:
         return _cpu_device(cpu_bf16)
-    found = find_gpu(name)
-    if found is not None:
-        return _gpu_device(found)
-    by_arch = _arch_device(name)
-    if by_arch is None:
-        known = ", ".join(g.name for g in hardware.gpu_models())
-        raise UserError(f"gpu: unknown GPU {name!r}: name one of {known}, or 'cpu', or 'detect'")
-    return by_arch
+    if not name:
+        raise UserError("gpu: required (a GPU model such as V100, T4, A100, RTX 4090, H100; 'cpu'; or 'detect')")
+    return _resolved_device(hardware.resolve_gpu(name))
+
+
+TINY_MODEL_MILLIONS = 10  # below this a step is launch- and optimizer-bound: half precision buys nothing
+
+
+def _an(word: str) -> str:
+    return f"{'an' if word[:1] in 'AEIOU' else 'a'} {word}"
+
+
+def _tiny_model(a: dict) -> str | None:
+    """Why the model is too small for AMP to pay, or None."""
+    params = a["params_millions"]
+    if params is not None and params < TINY_MODEL_MILLIONS:
+        return f"a {params:g}M-parameter model"
+    if params is None and a["model_family"] == "rl":
+        return "a reinforcement-learning MLP"
+    return None
+
+
+def _nan_precision(a: dict) -> str | None:
+    """The precision the NaNs appeared in (fp16 | bf16 | fp32 | unknown), None without NaNs."""
+    if "nan_loss" not in a["symptoms"]:
+        return None
+    return a["current_precision"] or "unknown"
+
+
+def _precision_in_log(log: str) -> str | None:
+    """fp16 / bf16 when a pasted log says which half type it ran in (and only one), else None."""
+    text = log.lower()
+    fp16 = re.search(r"float16|\bfp16\b|\bhalf\b|gradscaler|loss[ _]?scale|(?<![a-z])16-mixed", text) is not None
+    bf16 = re.search(r"bfloat16|\bbf16\b|bf16-mixed", text) is not None
+    if fp16 != bf16:
+        return "fp16" if fp16 else "bf16"
+    return None
+
+
+def _tf32_clause(dev: _Device) -> str:
+    return (" with TF32 on (torch.backends.cuda.matmul.allow_tf32 / cudnn.allow_tf32, or "
+            "torch.set_float32_matmul_precision('high')): float32 matmuls and convolutions run on the tensor "
+            "cores at no accuracy cost for training") if dev.tf32 else ""
 
 
 def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
-    nan = "nan_loss" in a["symptoms"]
+    nan_in = _nan_precision(a)
+    overflow_possible = nan_in in ("fp16", "unknown")
     if dev.kind == "cpu":
         if dev.bf16:
             why("gpu", "the CPU has AMX/AVX512-BF16: bf16 autocast runs natively and needs no loss scaling")
             return "bf16"
         why("gpu", "the CPU has no AMX or AVX512-BF16: bf16/fp16 would be emulated, slower than fp32, so stay fp32")
         return "fp32"
+    tiny = _tiny_model(a)
+    if tiny and not a["bitexact_fp16"]:
+        why("params_millions" if a["params_millions"] is not None else "model_family",
+            f"{tiny} is too small for mixed precision to help on any GPU: each step is bound by kernel launches "
+            f"and the optimizer, not by matmul throughput, and autocast adds casts. Stay in fp32"
+            + _tf32_clause(dev) + "; to go faster, use larger batches (or many environments/samples per step), "
+            "CUDA graphs or torch.compile(mode='reduce-overhead'), and keep data on the GPU")
+        return "fp32"
     if dev.bf16:
         if a["bitexact_fp16"]:
             why("bitexact_fp16", "you must reproduce an fp16 result bit for bit: stay in fp16 with GradScaler "
                                  "(bf16 rounds differently, so its results cannot match)")
-            if nan:
-                warn(f"the NaNs you see are what bf16 would remove on the {dev.name}; once bit-exactness is no "
-                     "longer needed, switch to bf16")
+            if overflow_possible:
+                warn(f"if the NaNs come from fp16 overflow, bf16 would remove them on the {dev.name}; once "
+                     "bit-exactness is no longer needed, switch to bf16")
             return "fp16"
-        if nan:
-            arch = dev.arch or "Ampere-or-newer"
-            why("symptoms", f"NaNs under fp16 and {'an' if arch[0] in 'AEIOU' else 'a'} {arch} GPU: bf16 removes "
-                            "the overflow (float32's exponent range, max ~3e38 instead of 65504)")
+        arch = dev.arch or "Ampere-or-newer"
+        if overflow_possible:
+            why("symptoms", f"NaNs under fp16 and {_an(arch)} GPU: bf16 removes the overflow (float32's exponent "
+                            "range, max ~3e38 instead of 65504)")
+            if nan_in == "unknown":
+                warn("if the NaNs also appear in bf16 or fp32, they are not an overflow but a model, data or "
+                     "learning-rate problem: localise them with `python -m troubleshooter check` (NaN hunt)")
         else:
-            why("gpu", f"the {dev.name} ({dev.arch}) has bf16 tensor cores: bf16 is as fast as fp16 and has "
+            units = "bf16 tensor cores" if dev.vendor in ("nvidia", "") else "native bf16 (matrix cores)"
+            why("gpu", f"the {dev.name} ({dev.arch}) has {units}: bf16 is as fast as fp16 and has "
                        "float32's range, so no GradScaler and no overflow")
         if a["bf16_pretrained"]:
             why("bf16_pretrained", "the model was pretrained in bf16: fine-tuning in bf16 keeps its value ranges")
@@ -303,17 +353,21 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         why("gpu", f"the {dev.name} has neither tensor cores nor fast fp16 (nor bf16): mixed precision would "
                    "not be faster, so stay fp32")
         return "fp32"
-    if nan and a["bf16_pretrained"]:
+    if overflow_possible and a["bf16_pretrained"]:
         why("bf16_pretrained", f"weights pretrained in bf16 overflow fp16 (values beyond 65504) and you already "
                                f"see NaNs; the {dev.name} has no bf16, so stay fp32 (or train on an Ampere+ GPU in bf16)")
         return "fp32"
-    why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 with GradScaler"
-        if dev.tensor_cores else
-        f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 with GradScaler")
+    if dev.vendor not in ("nvidia", ""):
+        why("gpu", f"the {dev.name} ({dev.arch}) runs fp16 natively but not bf16 at full speed, so fp16 with "
+                   f"GradScaler{'(' + repr(dev.kind) + ')' if dev.kind != 'cuda' else ''}")
+    else:
+        why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 with GradScaler"
+            if dev.tensor_cores else
+            f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 with GradScaler")
     if a["bf16_pretrained"]:
         warn("weights pretrained in bf16 often overflow fp16 (activations beyond 65504): watch for NaNs "
              "(the recipe's NaN guard counts them); `python -m troubleshooter check` finds the layer")
-    if nan:
+    if overflow_possible:
         why("symptoms", "NaNs under fp16 on a GPU without bf16: keep GradScaler and add the NaN guard; run "
                         "`python -m troubleshooter check` to find the first layer that overflows")
     return "fp16"
@@ -323,14 +377,18 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     """Map answers to precision, recipe options, reasons and warnings. `device` injects the device."""
     a = validate_answers(answers)
     symptoms_from_log: list[str] = []
+    precision_from_log = None
     if a.get("log"):
         from .explain import explain_log
 
         symptoms_from_log = [s for s in explain_log(a["log"]).symptoms if s not in a["symptoms"]]
         a["symptoms"] = a["symptoms"] + symptoms_from_log
+        if a["current_precision"] in (None, "unknown"):
+            precision_from_log = _precision_in_log(a["log"])
+            a["current_precision"] = precision_from_log or a["current_precision"]
     dev = device or resolve_device(a["gpu"], a.get("cpu_bf16"))
     reasons: list[Reason] = []
-    warnings: list[str] = []
+    warnings: list[str] = list(dev.warnings)
 
     def why(answer: str, text: str) -> None:
         reasons.append(Reason(answer, text))
@@ -341,15 +399,29 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     if precision == "fp16":
         why("gpu", "fp16: the recipe scales the loss, skips steps whose gradients overflow, steps the LR scheduler "
             "only when the optimizer really stepped, and saves the scaler state in checkpoints")
+    if dev.backend_note and dev.kind != "cpu":
+        warnings.append(f"{dev.name} ({dev.arch}): {dev.backend_note}")
+    if precision == "fp32" and dev.tf32 and not _tiny_model(a):
+        why("gpu", "fp32 on an Ampere-or-newer GPU: turn TF32 on (torch.backends.cuda.matmul.allow_tf32 = True, "
+                   "torch.backends.cudnn.allow_tf32 = True): float32 matmuls run on the tensor cores")
+    if precision == "fp32" and dev.tf32:
+        opts["tf32"] = True
 
     symptoms = a["symptoms"]
     if symptoms_from_log:
         why("log", f"your log shows {', '.join(symptoms_from_log)}: taken as symptoms")
     if "nan_loss" in symptoms or (half and (a["custom_exp_log_loss"] or a["bf16_pretrained"])):
         opts["nan_guard"] = True
-    if "nan_loss" in symptoms and precision == "fp32":
-        why("symptoms", "NaNs that also appear in fp32 are not a mixed-precision problem: the NaN guard skips "
-                        "and counts them; `python -m troubleshooter check` localises the first non-finite module")
+    nan_in = _nan_precision(a)
+    if nan_in in ("bf16", "fp32"):
+        source = " (your log shows it ran in bf16)" if precision_from_log == "bf16" else ""
+        why("current_precision" if not precision_from_log else "log",
+            f"NaNs under {nan_in}{source} are not an fp16 overflow ({nan_in} has float32's exponent range): it is a "
+            "model, data or learning-rate problem. Localise it: `python -m troubleshooter check` (the NaN hunt "
+            "names the first module whose output turns non-finite) or trace your script over a few steps; look for "
+            "bad samples (inf/NaN in inputs or labels), a learning rate too high (lower it or lengthen warm-up), "
+            "log/sqrt/division of values near zero, and exploding gradients (clip them). The NaN guard keeps "
+            "them out of the weights meanwhile")
     if a["grad_clipping"]:
         opts["clip"] = 1.0
         why("grad_clipping", "you clip gradients: the recipe unscales first (scaler.unscale_) so the threshold "
@@ -377,23 +449,32 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
         warnings.append("RNNs run their cuDNN kernels in fp16 under autocast and hidden states can grow across "
                         "time steps: clip gradients and watch for skipped steps")
     if a["batchnorm"] and half:
-        why("batchnorm", "BatchNorm is fine under autocast: it keeps float32 statistics; keep batches large "
-                         "enough for stable statistics")
+        why("batchnorm", "BatchNorm is fine under autocast: it keeps float32 statistics")
+    accumulating = bool(a["grad_accumulation"] and a["grad_accumulation"] > 1)
+    if a["batchnorm"] and (accumulating or "oom" in a["symptoms"]):
+        why("batchnorm", "BatchNorm normalises over each micro-batch, not over the accumulated batch: keep the "
+                         "micro-batch large enough for stable statistics (do not shrink it to save memory; use "
+                         "activation checkpointing instead)" + (", and SyncBatchNorm so the statistics pool every "
+                         "GPU's micro-batch" if a["multi_gpu"] != "none" else ", or GroupNorm/LayerNorm, which do "
+                         "not depend on the batch"))
+        if a["multi_gpu"] == "ddp":
+            opts["sync_batchnorm"] = True
     if a["multi_gpu"] != "none":
         opts["distributed"] = a["multi_gpu"]
         why("multi_gpu", "DDP: gradients are all-reduced once per optimizer step (not per micro-batch)"
             if a["multi_gpu"] == "ddp" else
             "FSDP2: fully_shard with a MixedPrecisionPolicy (compute in the half dtype, reduce gradients in "
             "float32)" + (" and a ShardedGradScaler so every rank skips the same steps" if precision == "fp16" else ""))
+    if (("slow" in symptoms) or _tiny_model(a)) and opts.get("distributed") != "fsdp" and dev.kind == "cuda":
+        opts["compile"] = True
     if "slow" in symptoms:
-        if opts.get("distributed") != "fsdp" and dev.kind == "cuda":
-            opts["compile"] = True
         why("symptoms", "it is slower than expected: the recipe has no per-step host syncs beyond logging, uses "
                         "fused AdamW" + (" and torch.compile" if opts.get("compile") else "") + "; measure with "
                         "`python -m troubleshooter speedup`")
-        warnings.append("tensor cores need matmul/conv sizes in multiples of 8 (vocabularies of 64): "
-                        "`python -m troubleshooter check` lists the misaligned layers")
-        if not half:
+        if not _tiny_model(a):
+            warnings.append("tensor cores need matmul/conv sizes in multiples of 8 (vocabularies of 64): "
+                            "`python -m troubleshooter check` lists the misaligned layers")
+        if not half and not _tiny_model(a):
             warnings.append("in fp32 there is no mixed-precision speed-up to find on this device")
     if "no_convergence" in symptoms:
         why("symptoms", "the loss does not go down: the recipe steps the LR schedule only on real optimizer "
@@ -402,17 +483,28 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
             warnings.append("under fp16, a loss scale that keeps falling means most steps are skipped: run "
                             "`python -m troubleshooter check` for the skip rate")
     if "oom" in symptoms:
-        warnings.append("out of memory: autocast halves activation memory but not weights, gradients or AdamW "
-                        "state (16 bytes per parameter); lower --batch-size and raise gradient accumulation")
+        opts["activation_checkpointing"] = True
+        text = ("out of memory: autocast halves activation memory but not weights, gradients or AdamW state "
+                "(16 bytes per parameter); activation checkpointing (in the recipe) trades recomputation for "
+                "activation memory")
+        if not a["batchnorm"]:
+            text += "; or lower --batch-size and raise gradient accumulation (same effective batch)"
+        warnings.append(text)
     if a["params_millions"] and dev.memory_gb:
         need_gb = a["params_millions"] * 1e6 * BYTES_PER_PARAM_ADAMW / 1e9
         if need_gb > 0.8 * dev.memory_gb:
             text = (f"{a['params_millions']:g}M parameters need ~{need_gb:.0f} GB for float32 weights, gradients "
                     f"and AdamW state alone; the {dev.name} has {dev.memory_gb:g} GB")
-            if a["multi_gpu"] != "fsdp":
-                warnings.append(text + ": shard them across GPUs with FSDP (multi_gpu: fsdp)")
-            else:
+            single = ("fine-tune with LoRA/adapters (only they get gradients and optimizer state), use an 8-bit "
+                      "optimizer (bitsandbytes AdamW8bit: 2 bytes of state per parameter instead of 8), and "
+                      "activation checkpointing for the activations")
+            if a["multi_gpu"] == "fsdp":
                 why("params_millions", text + ": FSDP shards them across the GPUs")
+            elif a["multi_gpu"] == "ddp":
+                warnings.append(text + ": DDP keeps a full copy on every GPU; shard them with FSDP (multi_gpu: fsdp), "
+                                       "or " + single)
+            else:
+                warnings.append(text + ": on one GPU, " + single)
     if a["bitexact_fp16"] and precision == "fp16":
         warnings.append("bit-exact reproduction also needs the same GPU model, PyTorch/cuDNN versions, seed, data "
                         "order and torch.use_deterministic_algorithms(True)")
@@ -423,4 +515,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
 
     opts = normalize_options(**opts)
     device_label = dev.name + (f" ({dev.note})" if dev.note else "")
-    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log)
+    facts = {"name": dev.name, "kind": dev.kind, "vendor": dev.vendor, "architecture": dev.arch,
+             "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev.cc else None, "memory_gb": dev.memory_gb,
+             "bf16": dev.bf16, "fp16_fast": dev.fp16_fast, "tensor_cores": dev.tensor_cores, "tf32": dev.tf32}
+    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts)

@@ -37,9 +37,11 @@ def _metadata() -> dict:
     return yaml.safe_load((RECIPES_DIR / "options.yaml").read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=1)
-def _template_text() -> str:
-    return (RECIPES_DIR / _metadata()["template"]).read_text(encoding="utf-8")
+@lru_cache(maxsize=None)
+def _template_text(model: str | None = None) -> str:
+    """The template for `model`: the main one, or a model's own (model_templates in options.yaml)."""
+    special = _metadata().get("model_templates", {}).get(model)
+    return (RECIPES_DIR / (special["template"] if special else _metadata()["template"])).read_text(encoding="utf-8")
 
 
 def recipe_options() -> list[dict]:
@@ -101,10 +103,15 @@ def normalize_options(**options) -> dict:
         result[name] = value
         if problem:
             problems.append(problem)
-    if not problems:
-        for rule in meta["constraints"]:
-            if all(result.get(k) == v for k, v in rule["when"].items()):
-                problems.append(rule["message"])
+    for rule in meta["constraints"]:  # combinations too, alongside bad values: every problem at once
+        if all(result.get(k) == v for k, v in rule["when"].items()):
+            problems.append(rule["message"])
+    special = meta.get("model_templates", {}).get(result.get("model"))
+    if special:
+        for name, opt in known.items():
+            if name not in special["options"] and result[name] != opt["default"] and name in given:
+                problems.append(f"{opt['flag']} is not available with --model {result['model']} (it takes "
+                                f"{', '.join(known[n]['flag'] for n in special['options'] if n != 'model')})")
     if problems:
         raise UserError("cannot build this recipe:", problems)
     return result
@@ -114,6 +121,8 @@ def _context(options: dict) -> dict:
     """Option values plus the facts the template branches on."""
     ctx = dict(options)
     ctx["scaler"] = options["precision"] in ("fp16", "auto")  # a GradScaler exists in the script
+    ctx["grad_norm"] = bool(options.get("clip")) or bool(options.get("nan_guard"))  # the norm is measured
+    ctx["streak"] = ctx["scaler"] or bool(options.get("nan_guard"))  # dropped steps are counted and bounded
     return ctx
 
 
@@ -190,7 +199,7 @@ def recipe_command(options: dict) -> str:
 def render_recipe(**options) -> str:
     """The training script for these options (defaults for those left out); UserError on bad ones."""
     opts = normalize_options(**options)
-    text = render_template(_template_text(), _context(opts))
+    text = render_template(_template_text(opts["model"]), _context(opts))
     for opt in _metadata()["options"]:
         if "config" in opt:
             text = _set_config(text, opt["config"], opts[opt["name"]])
