@@ -175,3 +175,51 @@ def test_device_info_on_cpu_names_the_cpu_model_not_the_architecture():
     if model:  # /proc/cpuinfo names the model (x86 Linux): the report must use it
         assert info["name"] == model
     assert "CPU" in info["summary"]
+
+
+# ---------------------------------------------------------------- a check that could not run (issue 11.4)
+def _dict_workload():
+    """A model returning a dict with the default loss: every nan-check step fails on the loss."""
+    from troubleshooter.spec.pyfile import _default_loss
+    from troubleshooter.workload import Workload
+
+    class DictModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return {"logits": self.proj(x)}
+
+    def batch(n, device, gen):
+        return (torch.randn(n, 8, generator=gen).to(device),), torch.randint(0, 4, (n,), generator=gen).to(device)
+
+    return Workload("dict", DictModel, batch, _default_loss, lambda ps: torch.optim.SGD(ps, lr=0.1), 4)
+
+
+def test_a_check_that_ran_in_no_precision_is_an_error_and_exit_1():
+    r = check.run_check(_dict_workload(), device="cpu", only="nan")
+    assert r["errors"]["nan"]["kind"] == "failed"
+    assert r["errors"]["nan"]["precisions"] == ["fp32", "fp16", "bf16"]
+    assert "dict" in r["errors"]["nan"]["message"]
+    assert r["findings"] == [] and r["exit_code"] == 1
+    from troubleshooter.commands.check import render_text
+
+    text = render_text(r)
+    assert "No findings: nothing to fix" not in text and "NOT VERIFIED" in text
+
+
+def test_dry_run_refuses_a_dict_model_without_loss_fn_with_exit_2(capsys):
+    code = main(["check", "--python", str(FIXTURES / "dict_output_no_loss.py"), "--allow-exec",
+                 "--only", "nan", "--device", "cpu", "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "loss_fn" in err and "logits" in err
+
+
+def test_a_dict_with_its_own_loss_needs_no_loss_fn():
+    from troubleshooter.spec import SpecSource, load_workload
+
+    wl = load_workload(SpecSource.python_file(FIXTURES / "dict_output_own_loss.py"), allow_exec=True)
+    r = check.run_check(wl, device="cpu", only="nan")
+    assert r["errors"] == {} and r["exit_code"] == 0
+    assert all(s["steps_run"] == 1 for s in r["nan"]["precisions"].values())

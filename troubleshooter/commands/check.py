@@ -80,7 +80,7 @@ def render_text(r: dict[str, Any]) -> str:
     spec = r["spec"]
     out = [f"AMP check of {spec.get('name')} on {dev.get('name')} ({dev.get('type')}"
            f"{':' + str(dev['index']) if dev.get('index') is not None else ''}), seed {r.get('seed')}"]
-    out += ["", _findings_text(r["findings"])]
+    out += ["", _findings_text(r["findings"], r.get("errors") or {})]
     for name, fn in (("capability", _capability_text), ("alignment", _alignment_text),
                      ("skiprate", _skiprate_text), ("nan", _nan_text), ("headroom", _headroom_text)):
         title = {"capability": "Capability", "alignment": "Alignment (tensor-core multiples)",
@@ -89,14 +89,24 @@ def render_text(r: dict[str, Any]) -> str:
         out += ["", f"== {title}"]
         if name in r.get("errors", {}):
             out.append(f"  error: {r['errors'][name]['message']}")
-        elif r.get(name) is None:
+        if r.get(name) is None and name in r.get("errors", {}):
+            continue
+        if r.get(name) is None:
             out.append(f"  skipped: {r.get('skipped', {}).get(name, 'not run')}")
         else:
             out += fn(r)
     return "\n".join(out)
 
 
-def _findings_text(findings: list[dict]) -> str:
+def _findings_text(findings: list[dict], errors: dict | None = None) -> str:
+    failed = {n: e for n, e in (errors or {}).items() if e.get("kind") != "not_available"}
+    if failed:
+        head = [f"NOT VERIFIED: {len(failed)} check{'s' if len(failed) > 1 else ''} could not run "
+                f"({', '.join(failed)}); the report below is incomplete:"]
+        head += [f"  ERROR   {e['message']}" for e in failed.values()]
+        if not findings:
+            return "\n".join(head + ["No findings from the checks that ran."])
+        return "\n".join(head + [""]) + "\n" + _findings_text(findings)
     if not findings:
         return "No findings: nothing to fix for mixed precision."
     counts: dict[str, int] = {}

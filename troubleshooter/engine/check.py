@@ -78,7 +78,20 @@ def _nan(workload: Workload, device: torch.device, steps: int, seed: int):
         raise _NotAvailable("the nan check is not available in this build") from None
     section = dict(hunt_nonfinite(workload, device, seed=seed))
     findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in section.pop("findings", [])]
-    return section, findings
+    return section, findings, {}, _precisions_not_run("nan", section.get("precisions") or {})
+
+
+def _precisions_not_run(name: str, sections: dict[str, Any]) -> dict[str, Any] | None:
+    """An error entry when some precision's run never happened: nothing was verified there, so
+    the check must not read as clean (a dict-returning model without a loss, a crash)."""
+    failed = {p: s["error"] for p, s in sections.items() if isinstance(s, dict) and s.get("error")}
+    if not failed:
+        return None
+    first = next(iter(failed.values()))
+    every = len(failed) == len(sections)
+    which = "any precision" if every else ", ".join(failed)
+    return {"kind": "failed" if every else "incomplete", "precisions": list(failed),
+            "message": f"the {name} check could not run in {which}: {first}"}
 
 
 def _headroom(workload: Workload, device: torch.device, steps: int, seed: int):
@@ -141,7 +154,8 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
 
 def exit_code(result: dict[str, Any]) -> int:
     """0: no warning or error finding; 1: some, or a check that could not finish (out of memory,
-    a crash): nothing was verified there, so the run must not read as clean."""
+    a crash, a precision it could not run in): nothing was verified there, so the run must not
+    read as clean."""
     bad = {Severity.ERROR.value, Severity.WARNING.value}
     if any(f.get("severity") in bad for f in result.get("findings", [])):
         return 1
@@ -188,10 +202,12 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         try:
             out = _RUNNERS[name](workload, dev, steps, seed)
             section, found = out[0], out[1]
-            if len(out) > 2:
+            if len(out) > 2 and out[2]:
                 result.update(out[2])
             result[name] = section
             findings += [_tagged(f, name) for f in found]
+            if len(out) > 3 and out[3]:
+                errors[name] = out[3]
         except Exception as exc:  # noqa: BLE001 - one failing check must not lose the others
             errors[name] = _error_entry(name, exc, dev)
         finally:
