@@ -204,3 +204,53 @@ def test_list_presets():
     assert {"mlp", "cnn", "gpt", "bert", "vit"} <= set(presets)
     assert presets["gpt"]["d_model"] > 0 and "seq_len" in presets["gpt"]
     assert all(preset_descriptions()[name] for name in presets)
+
+
+# ---------------------------------------------------------------- hostile YAML (issue 11.6)
+def _bomb(levels: int) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines + [f"model: {{layers: *a{levels - 1}}}", "input: {shape: [1, 4]}", ""])
+
+
+def test_alias_bomb_is_refused_in_milliseconds_with_a_short_message():
+    import time
+
+    text = _bomb(9)  # 9**9 = 387 million strings once expanded; about 400 bytes of YAML
+    assert len(text) < 500
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(text))
+    assert time.perf_counter() - started < 5
+    assert "alias" in str(info.value) and len(str(info.value)) < 500
+
+
+def test_self_referencing_alias_is_refused():
+    with pytest.raises(SpecError, match="refers to itself"):
+        load_workload(SpecSource.yaml_text("a: &a [*a]\nmodel: {layers: *a}\ninput: {shape: [1, 4]}\n"))
+
+
+def test_a_few_aliases_still_work():
+    text = ("hidden: &h 16\nmodel:\n  layers:\n    - Linear: [4, *h]\n    - ReLU\n    - Linear: [*h, 3]\n"
+            "input: {shape: [2, 4]}\n")
+    wl = load_workload(SpecSource.yaml_text(text))
+    assert wl.summary["params"] == 4 * 16 + 16 + 16 * 3 + 3
+
+
+def test_error_messages_are_capped():
+    layers = "\n".join(f"    - Lineer{i}" for i in range(300))
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(f"model:\n  layers:\n{layers}\ninput: {{shape: [2, 4]}}\n"))
+    assert len(info.value.problems) <= 41 and "more problems" in info.value.problems[-1]
+    huge = "model:\n  layers:\n    - [" + ",".join(["1"] * 3000) + "]\ninput: {shape: [2, 4]}\n"
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(huge))
+    assert len(str(info.value)) < 1000
+
+
+def test_oversized_spec_file_is_refused(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("# " + "x" * 400_000 + "\nmodel: {layers: [ReLU]}\n")
+    with pytest.raises(SpecError, match="over the limit"):
+        load_workload(SpecSource.yaml_file(path))
