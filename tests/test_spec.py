@@ -232,7 +232,7 @@ def test_self_referencing_alias_is_refused():
 
 
 def test_a_few_aliases_still_work():
-    text = ("hidden: &h 16\nmodel:\n  layers:\n    - Linear: [4, *h]\n    - ReLU\n    - Linear: [*h, 3]\n"
+    text = ("model:\n  layers:\n    - Linear: [4, &h 16]\n    - ReLU\n    - Linear: [*h, 3]\n"
             "input: {shape: [2, 4]}\n")
     wl = load_workload(SpecSource.yaml_text(text))
     assert wl.summary["params"] == 4 * 16 + 16 + 16 * 3 + 3
