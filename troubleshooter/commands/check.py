@@ -201,11 +201,12 @@ def _headroom_text(r: dict) -> list[str]:
         lines.append(f"  least headroom: '{tight['module']}' ({tight['class']}) max |x| {_num(tight['max_abs'])}, "
                      f"{tight['headroom_bits']:.1f} bits below float16's max")
     g = h["gradient_summary"]
-    window = ""
-    if g.get("min_loss_scale") is not None:
-        window = f"; loss scale window {_num(g['min_loss_scale'], 'g')} .. {_num(g.get('max_loss_scale'), 'g')}"
     lines.append(f"  gradients without loss scaling: {_share(g.get('flush_to_zero_share'))} flush to zero, "
-                 f"{_share(g.get('subnormal_share'))} subnormal{window}")
+                 f"{_share(g.get('subnormal_share'))} subnormal; {g.get('window_text') or 'no loss-scale window'}")
+    d = g.get("default_scaler") or {}
+    if d.get("lost_share") is not None:
+        lines.append(f"  measured fp16 step with GradScaler at {_num(d['scale'], 'g')}: {_share(d['lost_share'])} of "
+                     f"gradient elements lost, gradient error {_num(d.get('gradient_relative_error'))} vs fp32")
     for p, e in h["relative_error"].items():
         if "error" in e:
             lines.append(f"  {p} vs fp32: not measured ({e['error']})")
