@@ -21,6 +21,7 @@ from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
 from . import scaled_grads
+from .budget import past
 
 FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
@@ -157,7 +158,7 @@ def _seeded_forward(workload: Workload, model: nn.Module, batch, seed: int):
     return out, workload.loss_fn(out, target) * workload.loss_weight
 
 
-def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str, Any]:
+def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None) -> dict[str, Any]:
     """Raw measurements (host values) of the reference step and the half-precision forwards."""
     torch.manual_seed(seed)
     model = workload.build_model().to(device)
@@ -233,7 +234,8 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
                     h.remove()
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the reference measurements
-    host["scaled"] = _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host)
+    host["scaled"] = (None if past(deadline) else
+                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline))
     del model, out32, loss32, batch, ref_grads
     host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
@@ -242,7 +244,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
 
 
 def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners, ref_grads,
-                  device: torch.device, host: dict[str, Any]) -> dict[str, Any]:
+                  device: torch.device, host: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
     """Real fp16 steps: at GradScaler's default scale; at the scale the fp32 gradients call for
     when that is larger (to tell lost digits from fp16's own rounding); and, when the default
     loses gradients, at larger scales (x16, up to SCALE_TRIES) until one keeps them."""
@@ -258,6 +260,9 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     total_hist = [sum(col) for col in zip(*host["grad_hist"])]
     candidate = max(default.scale * 2, _flush_floor(total_hist))
+    if past(deadline):
+        out["default"]["cut_by_budget"] = True
+        return out
     higher = step_at(candidate) if _flush_floor(total_hist) > default.scale else None
     why = []
     if _loses(default.lost, default.nonzero):
@@ -273,6 +278,8 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     step = higher
     for _ in range(SCALE_TRIES):
+        if step is None and past(deadline):
+            break
         step = step if step is not None else step_at(candidate)
         if step.scale is None or step.backoffs:  # the larger scale overflows: no single scale works
             out["suggested"] = {**_step_dict(step), "tried_scale": candidate, "fits": False}
@@ -416,7 +423,7 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
                "subnormal_share": sub / nz if nz else 0.0, "max_abs": gmax,
                "nonfinite": total_hist[_BINS + 1], **_scale_window(total_hist, gmax),
                "exponent_histogram": {str(_LO + i): c for i, c in enumerate(total_hist[:_BINS]) if c},
-               **_scaler_summary(raw.get("scaled"))}
+               **_scaler_summary(raw.get("scaled", {}))}
     summary["window_text"] = window_text(summary)
     rel = {}
     for p in ("fp16", "bf16"):
@@ -486,7 +493,7 @@ def window_text(s: dict[str, Any]) -> str:
 def _scaler_summary(scaled: dict[str, Any] | None) -> dict[str, Any]:
     """The measured GradScaler figures for gradient_summary (per-module lists stay in gradients)."""
     if not scaled:
-        return {}
+        return {"default_scaler_not_measured": "budget"} if scaled is None else {}
     strip = ("per_module_lost", "per_module_nonzero", "per_module_error")
     out = {"default_scaler": {k: v for k, v in scaled["default"].items() if k not in strip}}
     if "suggested" in scaled:
@@ -580,8 +587,9 @@ def _bf16_findings(r: HeadroomResult) -> list[Finding]:
                           "output_relative_error": out_err})]
 
 
-def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0) -> HeadroomResult:
+def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0,
+                   deadline: float | None = None) -> HeadroomResult:
     device = torch.device(device)
     with prec.precision_mode("fp32", device):
-        raw = measure(workload, device, seed)
+        raw = measure(workload, device, seed, deadline)
     return interpret(raw, str(device), seed)

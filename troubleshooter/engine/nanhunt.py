@@ -19,6 +19,7 @@ from torch import nn
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
+from .budget import past
 from .nanhooks import HookSet, StepReport, number
 from .training_step import build, device_batch
 
@@ -250,6 +251,8 @@ def hunt_nonfinite(
     precisions: Sequence[str] = ("fp32", "fp16", "bf16"),
     seed: int = 0,
     steps: int = 1,
+    deadline: float | None = None,
+    progress=None,
 ) -> dict:
     """Run `steps` seeded training steps per precision with the hooks on; report the first
     non-finite module per precision and the findings.
@@ -265,7 +268,12 @@ def hunt_nonfinite(
         raise ValueError(f"steps must be at least 1, got {steps}")
     sections: dict[str, dict] = {}
     traces: dict[str, list[list[dict]]] = {}
-    for p in names:
+    for i, p in enumerate(names):
+        if i and past(deadline):  # the first precision always runs; the rest only within the budget
+            sections[p], traces[p] = _not_run(p), []
+            continue
+        if progress is not None:
+            progress(i / len(names), f"nan: {p} step with hooks")
         sections[p], traces[p] = _hunt_one(workload, device, p, seed, steps)
     return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
 
@@ -340,6 +348,13 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
         del model, opt, hooks
         _release(device)
     return section, trace
+
+
+def _not_run(precision: str) -> dict:
+    dtype = prec.autocast_dtype(precision)
+    return {"autocast": str(dtype).replace("torch.", "") if dtype else None, "first_forward": None,
+            "first_backward": None, "loss": None, "loss_finite": None, "steps_run": 0, "failed_step": None,
+            "not_run": "budget", "summary": "not run: the check's time budget was spent (raise --budget)"}
 
 
 def _summary(section: dict) -> str:

@@ -18,6 +18,7 @@ import torch
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
+from .budget import past
 from .training_step import build, device_batch, training_step
 
 RULE, NAME = "AMP204", "high-skip-rate"
@@ -48,7 +49,8 @@ class SkipRateResult:
 
 
 def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
-              init_scale: float = DEFAULT_INIT_SCALE, budget_s: float | None = None) -> list[dict[str, Any]]:
+              init_scale: float = DEFAULT_INIT_SCALE, budget_s: float | None = None,
+              deadline: float | None = None, progress=None) -> list[dict[str, Any]]:
     """N fp16 training steps; per step the unscaled loss, the scale before/after, skipped or not.
 
     One host sync per step (`get_scale()` after `update()`); losses stay on the device until
@@ -56,6 +58,8 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
     scaler is still calibrating (every step so far skipped) unless the scale already fell below
     1: cutting calibration short would hide exactly the overflow this probe exists to show.
     On a CPU without fp16 instructions one fp16 step can take seconds, hence the budget.
+    `deadline` (a perf_counter time, from the check's overall budget) is hard: past it the probe
+    stops at the next step boundary whatever the phase, and the summary says so.
     """
     model, optimizer = build(workload, device, seed)
     scaler = prec.make_scaler("fp16", device, init_scale=init_scale)
@@ -73,8 +77,12 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
             calibrating = calibrating and after < before
             trained = trained + 1 if not calibrating else 0
             before = after
+            if progress is not None:
+                progress((i + 1) / steps, f"skiprate: fp16 step {i + 1}/{steps}, loss scale {after:g}")
             over_budget = budget_s is not None and time.perf_counter() - start > budget_s
             if over_budget and i + 1 < steps and (trained >= MIN_STEPS_AFTER_CALIBRATION or after < 1.0):
+                break
+            if past(deadline) and i + 1 < steps:
                 break
         loss_values = torch.stack(losses).tolist() if losses else []
     finally:
@@ -192,17 +200,20 @@ def _recheck(rec: dict, summary: dict, workload: Workload, device: torch.device,
 
 def check_skiprate(workload: Workload, device: torch.device | str = "cpu", steps: int = 20,
                    seed: int = 0, init_scale: float = DEFAULT_INIT_SCALE,
-                   budget_s: float | None = DEFAULT_BUDGET_S) -> SkipRateResult:
+                   budget_s: float | None = DEFAULT_BUDGET_S, deadline: float | None = None,
+                   progress=None) -> SkipRateResult:
     device = torch.device(device)
     if steps < 1:
         raise ValueError("steps must be at least 1")
     with prec.precision_mode("fp16", device):
-        series = run_steps(workload, device, steps, seed, init_scale, budget_s)
+        series = run_steps(workload, device, steps, seed, init_scale, budget_s, deadline, progress)
     summary, rec = summarize(series, init_scale)
     summary["steps_requested"] = steps
     summary["stopped_by_budget"] = len(series) < steps
     if summary["stopped_by_budget"]:
         summary["budget_s"] = budget_s
+        summary["note"] = (f"rests on {len(series)} of the {steps} steps asked for: the time budget ran out "
+                           "(raise --budget for more)")
     rec = _recheck(rec, summary, workload, device, seed)
     findings = []
     if rec["severity"]:
