@@ -257,6 +257,7 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
     nan = r["nan"]["precisions"]
     assert nan["fp32"]["steps_run"] == 1 and nan["bf16"]["not_run"] == "budget"
     assert r["errors"]["nan"]["kind"] == "budget" and r["exit_code"] == 1
+    assert not [f for f in r["findings"] if f["precision"] == "bf16"]  # not run is not a finding
     assert any("skiprate" in c for c in r["budget"]["cut"]) and any("bf16 not run" in c for c in r["budget"]["cut"])
     steps = [m for _, m in seen if m.startswith("skiprate: fp16 step")]
     assert len(steps) == s["steps"]  # progress moves per step

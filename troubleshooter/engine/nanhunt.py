@@ -422,6 +422,8 @@ def _reference_call(traces: dict, precision: str, step: int, index: int, module:
 def _findings(sections: dict, traces: dict) -> list[Finding]:
     out: list[Finding] = []
     for p, s in sections.items():
+        if s.get("not_run"):  # cut by the budget: nothing measured, nothing to say (errors.nan says it)
+            continue
         ff, fb = s.get("first_forward"), s.get("first_backward")
         if ff is not None or not s.get("loss_finite", True):
             f = _forward_finding(p, s, ff, traces)
