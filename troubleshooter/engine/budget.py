@@ -56,3 +56,8 @@ def scaled(progress: Progress | None, start: float, width: float) -> Progress | 
         progress(start + width * max(0.0, min(1.0, fraction)), message)
 
     return inner
+
+
+def no_room(deadline: float | None, next_step_s: float) -> bool:
+    """Past the deadline, or the next step (as long as the last one) would end past it."""
+    return deadline is not None and time.perf_counter() + next_step_s > deadline

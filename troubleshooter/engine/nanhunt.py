@@ -19,7 +19,9 @@ from torch import nn
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
-from .budget import past
+import time
+
+from .budget import no_room
 from .nanhooks import HookSet, StepReport, number
 from .training_step import build, device_batch
 
@@ -268,13 +270,16 @@ def hunt_nonfinite(
         raise ValueError(f"steps must be at least 1, got {steps}")
     sections: dict[str, dict] = {}
     traces: dict[str, list[list[dict]]] = {}
+    last_s = 0.0
     for i, p in enumerate(names):
-        if i and past(deadline):  # the first precision always runs; the rest only within the budget
+        if i and no_room(deadline, last_s):  # the first precision always runs; the rest only if they fit
             sections[p], traces[p] = _not_run(p), []
             continue
         if progress is not None:
             progress(i / len(names), f"nan: {p} step with hooks")
+        started = time.perf_counter()
         sections[p], traces[p] = _hunt_one(workload, device, p, seed, steps)
+        last_s = time.perf_counter() - started
     return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
 
 

@@ -18,7 +18,7 @@ import torch
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
-from .budget import past
+from .budget import no_room
 from .training_step import build, device_batch, training_step
 
 RULE, NAME = "AMP204", "high-skip-rate"
@@ -70,6 +70,7 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
     calibrating, trained = True, 0
     try:
         for i in range(steps):
+            step_start = time.perf_counter()
             batch = device_batch(workload, device, seed * 100003 + i)
             losses.append(training_step(workload, model, optimizer, scaler, batch, "fp16", device))
             after = float(scaler.get_scale())
@@ -82,7 +83,8 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
             over_budget = budget_s is not None and time.perf_counter() - start > budget_s
             if over_budget and i + 1 < steps and (trained >= MIN_STEPS_AFTER_CALIBRATION or after < 1.0):
                 break
-            if past(deadline) and i + 1 < steps:
+            step_s = time.perf_counter() - step_start
+            if no_room(deadline, step_s) and i + 1 < steps:  # stop before a step that would end past it
                 break
         loss_values = torch.stack(losses).tolist() if losses else []
     finally:
