@@ -22,6 +22,21 @@ ENV_MAX_PARAMS = "TROUBLESHOOTER_MAX_PARAMS"
 ENV_MAX_MEMORY_GB = "TROUBLESHOOTER_MAX_MEMORY_GB"
 
 
+def host_memory_gb() -> float | None:
+    """This machine's physical memory in GiB (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_memory_gb() -> float:
+    """The memory limit without an override: DEFAULT_MAX_MEMORY_GB, but never more than this host
+    has (a 48 GiB step on a 23 GiB machine would only swap or be killed)."""
+    host = host_memory_gb()
+    return min(DEFAULT_MAX_MEMORY_GB, host) if host else DEFAULT_MAX_MEMORY_GB
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a spec may ask for; arguments win over the environment, which wins over the defaults."""
@@ -45,7 +60,7 @@ class Limits:
             return float(default)
 
         return cls(pick(max_params, ENV_MAX_PARAMS, DEFAULT_MAX_PARAMS),
-                   pick(max_memory_gb, ENV_MAX_MEMORY_GB, DEFAULT_MAX_MEMORY_GB))
+                   pick(max_memory_gb, ENV_MAX_MEMORY_GB, default_memory_gb()))
 
 
 @dataclass
