@@ -269,3 +269,15 @@ def test_memory_limit_defaults_to_this_hosts_memory(monkeypatch):
     assert estimate.Limits.resolve().max_memory_gb == estimate.DEFAULT_MAX_MEMORY_GB
     monkeypatch.setenv(estimate.ENV_MAX_MEMORY_GB, "100")
     assert estimate.Limits.resolve().max_memory_gb == 100.0
+
+
+def test_boolean_layer_sizes_are_refused_but_boolean_flags_are_fine():
+    """Issue 11.7: `Linear: [4, true]` built a Linear(4, 1); bias: false is a real flag."""
+    with pytest.raises(SpecError, match="out_features of Linear is a size"):
+        load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Linear: [4, true]\ninput: {shape: [2, 4]}\n"))
+    with pytest.raises(SpecError, match="kernel_size of Conv2d is a size"):
+        load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Conv2d: [3, 4, [true, 3]]\n"
+                                           "input: {shape: [2, 3, 8, 8]}\n"))
+    wl = load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Linear: {in_features: 4, out_features: 3, "
+                                            "bias: false}\ninput: {shape: [2, 4]}\n"))
+    assert wl.summary["params"] == 12
