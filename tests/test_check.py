@@ -35,6 +35,7 @@ def test_command_constants_match_the_engine():
     from troubleshooter.commands import check as command
 
     assert command.CHECKS == check.CHECKS and command.DEFAULT_STEPS == check.DEFAULT_STEPS
+    assert command.DEFAULT_BUDGET_S == check.DEFAULT_BUDGET_S
 
 
 def test_parse_only_orders_and_validates():
@@ -108,7 +109,9 @@ def test_misaligned_spec_exits_1_with_findings_at_its_layers(capsys):
 
 def test_underflow_spec_is_flagged_for_fp16(capsys):
     code, r = _cli_json(capsys, str(FIXTURES / "underflow.yaml"), "--only", "headroom")
-    assert code == 1 and {("AMP203", "0", "fp16"), ("AMP203", "2", "fp16")} == _seen(r)
+    assert code == 1 and {("AMP203", "0", "fp16")} == _seen(r)  # one finding for the model
+    (f,) = [f for f in r["findings"] if f["rule"] == "AMP203"]
+    assert {m["module"] for m in f["data"]["modules"]} == {"0", "2"}
 
 
 @pytest.mark.parametrize("spec", ["clean_mlp.yaml", "clean_cnn.yaml"])
@@ -175,3 +178,106 @@ def test_device_info_on_cpu_names_the_cpu_model_not_the_architecture():
     if model:  # /proc/cpuinfo names the model (x86 Linux): the report must use it
         assert info["name"] == model
     assert "CPU" in info["summary"]
+
+
+# ---------------------------------------------------------------- a check that could not run (issue 11.4)
+def _dict_workload():
+    """A model returning a dict with the default loss: every nan-check step fails on the loss."""
+    from troubleshooter.spec.pyfile import _default_loss
+    from troubleshooter.workload import Workload
+
+    class DictModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return {"logits": self.proj(x)}
+
+    def batch(n, device, gen):
+        return (torch.randn(n, 8, generator=gen).to(device),), torch.randint(0, 4, (n,), generator=gen).to(device)
+
+    return Workload("dict", DictModel, batch, _default_loss, lambda ps: torch.optim.SGD(ps, lr=0.1), 4)
+
+
+def test_a_check_that_ran_in_no_precision_is_an_error_and_exit_1():
+    r = check.run_check(_dict_workload(), device="cpu", only="nan")
+    assert r["errors"]["nan"]["kind"] == "failed"
+    assert r["errors"]["nan"]["precisions"] == ["fp32", "fp16", "bf16"]
+    assert "dict" in r["errors"]["nan"]["message"]
+    assert r["findings"] == [] and r["exit_code"] == 1
+    from troubleshooter.commands.check import render_text
+
+    text = render_text(r)
+    assert "No findings: nothing to fix" not in text and "NOT VERIFIED" in text
+
+
+def test_dry_run_refuses_a_dict_model_without_loss_fn_with_exit_2(capsys):
+    code = main(["check", "--python", str(FIXTURES / "dict_output_no_loss.py"), "--allow-exec",
+                 "--only", "nan", "--device", "cpu", "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "loss_fn" in err and "logits" in err
+
+
+def test_a_dict_with_its_own_loss_needs_no_loss_fn():
+    from troubleshooter.spec import SpecSource, load_workload
+
+    wl = load_workload(SpecSource.python_file(FIXTURES / "dict_output_own_loss.py"), allow_exec=True)
+    r = check.run_check(wl, device="cpu", only="nan")
+    assert r["errors"] == {} and r["exit_code"] == 0
+    assert all(s["steps_run"] == 1 for s in r["nan"]["precisions"].values())
+
+
+# ---------------------------------------------------------------- the time budget (issue 11.5)
+def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch):
+    """Every step 'takes' 1 s of a fake clock: a 6 s budget gives the skip-rate probe its share of
+    steps, the nan check its first precision only, and the report lists both cuts."""
+    from troubleshooter.engine import budget as budget_mod, nanhunt, skiprate
+
+    now = [0.0]
+
+    def fake():  # every perf_counter() call advances the clock a quarter second
+        now[0] += 0.25
+        return now[0]
+
+    real_hunt = nanhunt._hunt_one
+
+    def slow_hunt(*a, **k):  # a nan-check precision "takes" 5 s
+        now[0] += 5.0
+        return real_hunt(*a, **k)
+
+    monkeypatch.setattr(nanhunt, "_hunt_one", slow_hunt)
+    for mod in (budget_mod.time, skiprate.time, check.time):
+        monkeypatch.setattr(mod, "perf_counter", fake)
+    seen = []
+    r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate,nan", steps=50,
+                        budget_s=6.0, progress=lambda f, m: seen.append((f, m)))
+    s = r["skiprate"]["summary"]
+    assert s["stopped_by_budget"] and s["steps"] < s["steps_requested"] == 50 and "rests on" in s["note"]
+    nan = r["nan"]["precisions"]
+    assert nan["fp32"]["steps_run"] == 1 and nan["bf16"]["not_run"] == "budget"
+    assert r["errors"]["nan"]["kind"] == "budget" and r["exit_code"] == 1
+    assert not [f for f in r["findings"] if f["precision"] == "bf16"]  # not run is not a finding
+    assert any("skiprate" in c for c in r["budget"]["cut"]) and any("bf16 not run" in c for c in r["budget"]["cut"])
+    steps = [m for _, m in seen if m.startswith("skiprate: fp16 step")]
+    assert len(steps) == s["steps"]  # progress moves per step
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions)
+
+
+def test_no_budget_runs_every_step_and_a_bad_budget_is_refused():
+    r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate", steps=3, budget_s=None)
+    assert r["skiprate"]["summary"]["steps"] == 3 and r["budget"]["cut"] == []
+    for bad in (0, -1, float("nan"), True, "10"):
+        with pytest.raises(UserError, match="--budget"):
+            check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="alignment", budget_s=bad)
+
+
+def test_cli_budget_option(capsys):
+    code = main(["check", "--preset", "mlp:in_features=32,hidden=32,depth=2,batch_size=8", "--only", "nan",
+                 "--budget", "30", "--device", "cpu", "--format", "json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["budget"]["budget_s"] == 30.0 and r["timings_s"]["total"] < 30
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--preset", "mlp", "--budget", "0"])
+    assert info.value.code == 2

@@ -149,3 +149,17 @@ def test_separate_state_files(tmp_path):
     scaler = torch.amp.GradScaler("cpu", init_scale=0.5)
     r = inspect_checkpoint(save(tmp_path, scaler.state_dict(), "scaler.pt"))
     assert r.to_dict()["layout"] == "scaler_state" and rules(r) == ["AMP202"]
+
+
+def test_missing_scheduler_state_has_its_own_rule(tmp_path):
+    """Issue 11.7: a missing LR scheduler is AMP211 checkpoint-missing-scheduler-state, not AMP110."""
+    from troubleshooter.engine.inspect_checkpoint import inspect_checkpoint
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 1}, path)
+    found = [(f.rule, f.name) for f in inspect_checkpoint(str(path)).findings]
+    assert ("AMP211", "checkpoint-missing-scheduler-state") in found
+    assert all(name != "checkpoint-missing-scaler-state" or rule == "AMP110" for rule, name in found)
+    assert not any(rule == "AMP110" and "scheduler" in name for rule, name in found)

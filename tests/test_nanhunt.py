@@ -163,3 +163,47 @@ def test_yaml_specs_through_the_spec_loader(tmp_path):
     assert run("ReLU") == []
     assert run("ReLU", "weights: big.pt") == [("AMP202", "2", "fp16")]
     assert run("Threshold: [0.0, .nan]") == [("AMP205", "3", p) for p in ("bf16", "fp16", "fp32")]
+
+
+# ---------------------------------------------------------------- NaN shared with fp32 (issue 11.3)
+def _planted():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "check"))
+    import nan_in_fp32_too
+
+    return nan_in_fp32_too
+
+
+def test_sqrt_at_zero_in_backward_is_a_model_bug_in_every_precision_not_a_bf16_cure():
+    from troubleshooter.engine.nanhunt import hunt_nonfinite
+
+    out = hunt_nonfinite(_planted().sqrt_norm_workload(), "cpu")
+    found = {(f.rule, f.location.module, f.precision): f for f in out["findings"]}
+    assert set(found) == {("AMP206", "1", "fp32"), ("AMP206", "1", "fp16"), ("AMP206", "1", "bf16")}
+    for f in found.values():
+        assert f.data["precision_problem"] is False
+        assert "bf16" not in f.suggestion.replace("bf16 or keeping", "")  # no half-precision cure
+        assert "model or data bug" in f.suggestion
+    assert found[("AMP206", "1", "fp16")].data["also_in_fp32"] == {"precision": "fp32", "pass": "backward", "module": "1"}
+
+
+def test_padding_rows_normalised_by_zero_norm_are_a_model_bug():
+    from troubleshooter.engine.nanhunt import hunt_nonfinite
+
+    out = hunt_nonfinite(_planted().zero_row_workload(), "cpu")
+    found = {(f.rule, f.location.module, f.precision): f for f in out["findings"]}
+    assert set(found) == {("AMP205", "0", "fp32"), ("AMP205", "0", "fp16"), ("AMP205", "0", "bf16")}
+    assert all("not a precision problem" in f.message or f.precision == "fp32" for f in found.values())
+    assert all("prefer bf16" not in f.suggestion and "Train in bf16" not in f.suggestion for f in found.values())
+
+
+def test_an_fp16_only_nan_keeps_its_precision_advice():
+    import check_workloads as cw  # noqa: F401 - on the path through _planted()
+    from troubleshooter.engine.nanhunt import hunt_nonfinite
+
+    _planted()
+    out = hunt_nonfinite(cw.mlp((32, 64, 64, 10), batch_size=16, blow_up={2: 1e5}), "cpu")
+    (f,) = [f for f in out["findings"] if f.precision == "fp16"]
+    assert f.rule == "AMP202" and "bf16" in f.suggestion and "also_in_fp32" not in f.data

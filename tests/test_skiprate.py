@@ -4,7 +4,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from matplotlib.figure import Figure
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "check"))
 import check_workloads as cw  # noqa: E402
@@ -12,6 +14,7 @@ import check_workloads as cw  # noqa: E402
 from troubleshooter.engine.check import jsonable  # noqa: E402
 from troubleshooter.engine.skiprate import check_skiprate, summarize  # noqa: E402
 from troubleshooter.engine.skiprate_plot import plot_skiprate  # noqa: E402
+from troubleshooter.workload import Workload  # noqa: E402
 
 
 def _series(skips, init=65536.0, loss=1.0):
@@ -134,3 +137,42 @@ def _budget_workload():
     return Workload(name="tiny", build_model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)),
                     make_batch=make_batch, loss_fn=nn.functional.cross_entropy,
                     make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01), batch_size=8)
+
+
+# ---------------------------------------------------------------- no precision cure for a model bug (issue 11.3)
+def _planted():
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "check"))
+    import nan_in_fp32_too
+
+    return nan_in_fp32_too
+
+
+def test_nan_gradients_that_fp32_shares_are_a_model_bug_not_a_lower_scale_or_bf16():
+    r = check_skiprate(_planted().sqrt_norm_workload(), steps=4)
+    assert r.summary["skipped"] == 4
+    assert r.recommendation["action"] == "fix_model" and r.recommendation["fp32_finite"] is False
+    assert not r.findings
+
+
+def test_with_few_steps_no_smaller_init_scale_is_suggested_when_no_scale_works():
+    """Output gradients of 1e5: past float16's 65504 even unscaled, finite in fp32."""
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8))
+
+    def batch(n, device, gen):
+        return (torch.randn(n, 8, generator=gen).to(device),), None
+
+    wl = Workload("big-grad", build, batch, lambda out, t: out.float().pow(2).mean() * 1e6,
+                  lambda ps: torch.optim.SGD(ps, lr=0.0), 4)
+    r = check_skiprate(wl, steps=3)
+    assert r.summary["skipped"] == 3 and not r.summary["calibration_ended"]
+    assert r.recommendation["action"] == "bf16" and r.recommendation["severity"] == "error"
+    assert "init_scale" not in r.recommendation and "no loss scale works" in r.recommendation["reason"]
+
+
+def test_a_lower_init_scale_is_suggested_for_this_device_when_one_works():
+    r = check_skiprate(cw.mlp((16, 32, 10), batch_size=8, loss_weight=1e3), steps=3)
+    assert r.recommendation["action"] == "lower_init_scale" and r.recommendation["fp32_finite"] is True
+    assert "GradScaler('cpu', init_scale=8192)" in r.findings[0].suggestion

@@ -204,3 +204,80 @@ def test_list_presets():
     assert {"mlp", "cnn", "gpt", "bert", "vit"} <= set(presets)
     assert presets["gpt"]["d_model"] > 0 and "seq_len" in presets["gpt"]
     assert all(preset_descriptions()[name] for name in presets)
+
+
+# ---------------------------------------------------------------- hostile YAML (issue 11.6)
+def _bomb(levels: int) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines + [f"model: {{layers: *a{levels - 1}}}", "input: {shape: [1, 4]}", ""])
+
+
+def test_alias_bomb_is_refused_in_milliseconds_with_a_short_message():
+    import time
+
+    text = _bomb(9)  # 9**9 = 387 million strings once expanded; about 400 bytes of YAML
+    assert len(text) < 500
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(text))
+    assert time.perf_counter() - started < 5
+    assert "alias" in str(info.value) and len(str(info.value)) < 500
+
+
+def test_self_referencing_alias_is_refused():
+    with pytest.raises(SpecError, match="refers to itself"):
+        load_workload(SpecSource.yaml_text("a: &a [*a]\nmodel: {layers: *a}\ninput: {shape: [1, 4]}\n"))
+
+
+def test_a_few_aliases_still_work():
+    text = ("model:\n  layers:\n    - Linear: [4, &h 16]\n    - ReLU\n    - Linear: [*h, 3]\n"
+            "input: {shape: [2, 4]}\n")
+    wl = load_workload(SpecSource.yaml_text(text))
+    assert wl.summary["params"] == 4 * 16 + 16 + 16 * 3 + 3
+
+
+def test_error_messages_are_capped():
+    layers = "\n".join(f"    - Lineer{i}" for i in range(300))
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(f"model:\n  layers:\n{layers}\ninput: {{shape: [2, 4]}}\n"))
+    assert len(info.value.problems) <= 41 and "more problems" in info.value.problems[-1]
+    huge = "model:\n  layers:\n    - [" + ",".join(["1"] * 3000) + "]\ninput: {shape: [2, 4]}\n"
+    with pytest.raises(SpecError) as info:
+        load_workload(SpecSource.yaml_text(huge))
+    assert len(str(info.value)) < 1000
+
+
+def test_oversized_spec_file_is_refused(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("# " + "x" * 400_000 + "\nmodel: {layers: [ReLU]}\n")
+    with pytest.raises(SpecError, match="over the limit"):
+        load_workload(SpecSource.yaml_file(path))
+
+
+def test_memory_limit_defaults_to_this_hosts_memory(monkeypatch):
+    """Issue 11.7: a fixed 48 GiB limit on a 23 GiB host let specs through that could not fit."""
+    from troubleshooter.spec import estimate
+
+    monkeypatch.delenv(estimate.ENV_MAX_MEMORY_GB, raising=False)
+    monkeypatch.setattr(estimate, "host_memory_gb", lambda: 23.0)
+    assert estimate.Limits.resolve().max_memory_gb == 23.0
+    monkeypatch.setattr(estimate, "host_memory_gb", lambda: 512.0)
+    assert estimate.Limits.resolve().max_memory_gb == estimate.DEFAULT_MAX_MEMORY_GB
+    monkeypatch.setattr(estimate, "host_memory_gb", lambda: None)
+    assert estimate.Limits.resolve().max_memory_gb == estimate.DEFAULT_MAX_MEMORY_GB
+    monkeypatch.setenv(estimate.ENV_MAX_MEMORY_GB, "100")
+    assert estimate.Limits.resolve().max_memory_gb == 100.0
+
+
+def test_boolean_layer_sizes_are_refused_but_boolean_flags_are_fine():
+    """Issue 11.7: `Linear: [4, true]` built a Linear(4, 1); bias: false is a real flag."""
+    with pytest.raises(SpecError, match="out_features of Linear is a size"):
+        load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Linear: [4, true]\ninput: {shape: [2, 4]}\n"))
+    with pytest.raises(SpecError, match="kernel_size of Conv2d is a size"):
+        load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Conv2d: [3, 4, [true, 3]]\n"
+                                           "input: {shape: [2, 3, 8, 8]}\n"))
+    wl = load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Linear: {in_features: 4, out_features: 3, "
+                                            "bias: false}\ninput: {shape: [2, 4]}\n"))
+    assert wl.summary["params"] == 12

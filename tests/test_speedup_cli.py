@@ -31,7 +31,7 @@ def test_preset_json_with_plot(tmp_path, capsys):
     assert set(out["results"]) == {"fp32", "fp16", "bf16"} and "tf32" in out["unavailable"]
     fp32 = out["results"]["fp32"]["median_ms"]
     for r in out["results"].values():
-        assert r["speedup_vs_fp32"] == pytest.approx(fp32 / r["median_ms"])
+        assert r["speedup_vs_fp32_medians"] == pytest.approx(fp32 / r["median_ms"])
         assert len(r["samples_ms"]) == r["samples"] > 0
     assert out["spec"]["name"] == "mlp" and out["verdict"]["recommendation"]
     data = png.read_bytes()

@@ -2,7 +2,7 @@
 
     python -m troubleshooter check SPEC.yaml|--preset NAME[:k=v,...]|--python FILE --allow-exec
         [--device auto|cpu|cuda[:N]] [--only capability,alignment,skiprate,nan,headroom]
-        [--steps N] [--seed S] [--format text|json]
+        [--steps N] [--seed S] [--budget SECONDS] [--format text|json]
 
 Exit status: 0 no warning/error finding, 1 some (or a check that could not finish), 2 bad spec
 or options.
@@ -18,6 +18,17 @@ from typing import Any
 # (tests/test_check.py keeps them equal to the engine's).
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
+DEFAULT_BUDGET_S = 60.0
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 24 * 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most a day), got {text}")
+    return value
 
 
 def register(subparsers) -> None:
@@ -35,6 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"fp16 training steps for the skip-rate probe (default {DEFAULT_STEPS})")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and synthetic batches (default 0)")
+    p.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                   help=f"time for the whole run (default {DEFAULT_BUDGET_S:g}): each check gets a share and stops "
+                        "at a step boundary; the report says what did not fit")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -47,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     source = source_from_args(args)
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     result = check_source(source, allow_exec=args.allow_exec, device=args.device, only=args.only,
-                          steps=args.steps, seed=args.seed, progress=progress)
+                          steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget)
     if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
@@ -80,7 +94,14 @@ def render_text(r: dict[str, Any]) -> str:
     spec = r["spec"]
     out = [f"AMP check of {spec.get('name')} on {dev.get('name')} ({dev.get('type')}"
            f"{':' + str(dev['index']) if dev.get('index') is not None else ''}), seed {r.get('seed')}"]
-    out += ["", _findings_text(r["findings"])]
+    out += ["", _findings_text(r["findings"], r.get("errors") or {})]
+    b = r.get("budget") or {}
+    if b.get("cut"):
+        out += ["", f"Time budget {_num(b.get('budget_s'), 'g')} s: not everything fit, so some results rest on less "
+                    "than asked (raise --budget):"] + [f"  - {c}" for c in b["cut"]]
+    if b.get("exceeded_s"):
+        out.append(f"  note: the run took {b['exceeded_s']:.1f} s more than the budget "
+                   "(a check always finishes the step it is in)")
     for name, fn in (("capability", _capability_text), ("alignment", _alignment_text),
                      ("skiprate", _skiprate_text), ("nan", _nan_text), ("headroom", _headroom_text)):
         title = {"capability": "Capability", "alignment": "Alignment (tensor-core multiples)",
@@ -89,14 +110,24 @@ def render_text(r: dict[str, Any]) -> str:
         out += ["", f"== {title}"]
         if name in r.get("errors", {}):
             out.append(f"  error: {r['errors'][name]['message']}")
-        elif r.get(name) is None:
+        if r.get(name) is None and name in r.get("errors", {}):
+            continue
+        if r.get(name) is None:
             out.append(f"  skipped: {r.get('skipped', {}).get(name, 'not run')}")
         else:
             out += fn(r)
     return "\n".join(out)
 
 
-def _findings_text(findings: list[dict]) -> str:
+def _findings_text(findings: list[dict], errors: dict | None = None) -> str:
+    failed = {n: e for n, e in (errors or {}).items() if e.get("kind") != "not_available"}
+    if failed:
+        head = [f"NOT VERIFIED: {len(failed)} check{'s' if len(failed) > 1 else ''} could not run "
+                f"({', '.join(failed)}); the report below is incomplete:"]
+        head += [f"  ERROR   {e['message']}" for e in failed.values()]
+        if not findings:
+            return "\n".join(head + ["No findings from the checks that ran."])
+        return "\n".join(head + [""]) + "\n" + _findings_text(findings)
     if not findings:
         return "No findings: nothing to fix for mixed precision."
     counts: dict[str, int] = {}
@@ -152,6 +183,8 @@ def _skiprate_text(r: dict) -> list[str]:
              + f" - {rec['reason']}"]
     series = " ".join(("x" if st["skipped"] else ".") for st in r["skiprate"]["steps"])
     lines.append(f"  steps (x = skipped): {series}")
+    if s.get("note"):
+        lines.append(f"  note: {s['note']}")
     return lines
 
 
@@ -191,11 +224,12 @@ def _headroom_text(r: dict) -> list[str]:
         lines.append(f"  least headroom: '{tight['module']}' ({tight['class']}) max |x| {_num(tight['max_abs'])}, "
                      f"{tight['headroom_bits']:.1f} bits below float16's max")
     g = h["gradient_summary"]
-    window = ""
-    if g.get("min_loss_scale") is not None:
-        window = f"; loss scale window {_num(g['min_loss_scale'], 'g')} .. {_num(g.get('max_loss_scale'), 'g')}"
     lines.append(f"  gradients without loss scaling: {_share(g.get('flush_to_zero_share'))} flush to zero, "
-                 f"{_share(g.get('subnormal_share'))} subnormal{window}")
+                 f"{_share(g.get('subnormal_share'))} subnormal; {g.get('window_text') or 'no loss-scale window'}")
+    d = g.get("default_scaler") or {}
+    if d.get("lost_share") is not None:
+        lines.append(f"  measured fp16 step with GradScaler at {_num(d['scale'], 'g')}: {_share(d['lost_share'])} of "
+                     f"gradient elements lost, gradient error {_num(d.get('gradient_relative_error'))} vs fp32")
     for p, e in h["relative_error"].items():
         if "error" in e:
             lines.append(f"  {p} vs fp32: not measured ({e['error']})")

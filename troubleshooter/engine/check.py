@@ -17,6 +17,7 @@ from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
+from .budget import Budget, scaled
 from .device_info import describe_device as device_info
 from .training_step import is_oom, release
 
@@ -24,6 +25,8 @@ CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
 MAX_STEPS = 10000
 DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_BUDGET_S = 60.0  # the whole run; the app passes its own
+MAX_BUDGET_S = 24 * 3600.0
 _WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
 Progress = Callable[[float, str], None]
 
@@ -43,10 +46,11 @@ def parse_only(only: str | Iterable[str] | None) -> list[str]:
 
 
 # ---------------------------------------------------------------- one function per check
-# Each returns (section, findings).
+# Each returns (section, findings[, extra top-level keys[, error entry]]). `deadline` is the
+# perf_counter time by which it should stop at a step boundary; `progress` takes its own 0..1.
 
 
-def _capability(workload: Workload, device: torch.device, steps: int, seed: int):
+def _capability(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     try:
         from .capability import detect
     except ImportError:
@@ -57,34 +61,55 @@ def _capability(workload: Workload, device: torch.device, steps: int, seed: int)
     return section, list(report.findings)
 
 
-def _alignment(workload: Workload, device: torch.device, steps: int, seed: int):
+def _alignment(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     from .alignment import check_alignment
 
     result = check_alignment(workload, device)
     return result.to_list(), result.findings, {"alignment_summary": result.summary}
 
 
-def _skiprate(workload: Workload, device: torch.device, steps: int, seed: int):
-    from .skiprate import check_skiprate
+def _skiprate(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
+    from .skiprate import DEFAULT_BUDGET_S as PROBE_BUDGET_S, check_skiprate
 
-    result = check_skiprate(workload, device, steps=steps, seed=seed)
+    result = check_skiprate(workload, device, steps=steps, seed=seed,
+                            budget_s=PROBE_BUDGET_S if deadline is None else None, deadline=deadline,
+                            progress=progress)
     return result.to_dict(), result.findings
 
 
-def _nan(workload: Workload, device: torch.device, steps: int, seed: int):
+def _nan(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     try:
         from .nanhunt import hunt_nonfinite
     except ImportError:
         raise _NotAvailable("the nan check is not available in this build") from None
-    section = dict(hunt_nonfinite(workload, device, seed=seed))
+    section = dict(hunt_nonfinite(workload, device, seed=seed, deadline=deadline, progress=progress))
     findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in section.pop("findings", [])]
-    return section, findings
+    return section, findings, {}, _precisions_not_run("nan", section.get("precisions") or {})
 
 
-def _headroom(workload: Workload, device: torch.device, steps: int, seed: int):
+def _precisions_not_run(name: str, sections: dict[str, Any]) -> dict[str, Any] | None:
+    """An error entry when some precision's run never happened: nothing was verified there, so
+    the check must not read as clean (a dict-returning model without a loss, a crash)."""
+    failed = {p: s["error"] for p, s in sections.items() if isinstance(s, dict) and s.get("error")}
+    cut = [p for p, s in sections.items() if isinstance(s, dict) and s.get("not_run") == "budget"]
+    if not failed and not cut:
+        return None
+    if not failed:
+        return {"kind": "budget", "precisions": cut,
+                "message": f"the {name} check ran out of its time budget before {', '.join(cut)}: not verified "
+                           "there (raise --budget)"}
+    first = next(iter(failed.values()))
+    every = len(failed) == len(sections)
+    which = "any precision" if every else ", ".join(failed)
+    return {"kind": "failed" if every else "incomplete", "precisions": list(failed) + cut,
+            "message": f"the {name} check could not run in {which}: {first}"
+                       + (f" (and {', '.join(cut)} was cut by the time budget)" if cut else "")}
+
+
+def _headroom(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     from .headroom import check_headroom
 
-    result = check_headroom(workload, device, seed=seed)
+    result = check_headroom(workload, device, seed=seed, deadline=deadline)
     return result.to_dict(), result.findings
 
 
@@ -141,7 +166,8 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
 
 def exit_code(result: dict[str, Any]) -> int:
     """0: no warning or error finding; 1: some, or a check that could not finish (out of memory,
-    a crash): nothing was verified there, so the run must not read as clean."""
+    a crash, a precision it could not run in): nothing was verified there, so the run must not
+    read as clean."""
     bad = {Severity.ERROR.value, Severity.WARNING.value}
     if any(f.get("severity") in bad for f in result.get("findings", [])):
         return 1
@@ -167,12 +193,23 @@ def _check_steps(steps: Any) -> None:
         raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
 
 
+def _check_budget(budget_s: Any) -> None:
+    if budget_s is None:
+        return
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s <= MAX_BUDGET_S:
+        raise UserError(f"--budget must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {budget_s!r}")
+
+
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
-              steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
-    """Run the selected checks on `workload`; return the `check --format json` object."""
+              steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None,
+              budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
+    """Run the selected checks on `workload` within `budget_s` seconds (None: no limit); return
+    the `check --format json` object."""
     dev = prec.resolve_device(device)
     selected = parse_only(only)
     _check_steps(steps)
+    _check_budget(budget_s)
+    budget = Budget(budget_s, {c: _WEIGHT[c] for c in selected})
     result: dict[str, Any] = {"device": device_info(dev), "spec": spec_info(workload), "findings": []}
     result.update({c: None for c in CHECKS})
     result["skipped"] = {c: "not selected (--only)" for c in CHECKS if c not in selected}
@@ -185,13 +222,17 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         if progress is not None:
             progress(done / total, f"{name} check on {dev}")
         started = time.perf_counter()
+        deadline = budget.deadline_for(name)
+        local = scaled(progress, done / total, _WEIGHT[name] / total)
         try:
-            out = _RUNNERS[name](workload, dev, steps, seed)
+            out = _RUNNERS[name](workload, dev, steps, seed, deadline, local)
             section, found = out[0], out[1]
-            if len(out) > 2:
+            if len(out) > 2 and out[2]:
                 result.update(out[2])
             result[name] = section
             findings += [_tagged(f, name) for f in found]
+            if len(out) > 3 and out[3]:
+                errors[name] = out[3]
         except Exception as exc:  # noqa: BLE001 - one failing check must not lose the others
             errors[name] = _error_entry(name, exc, dev)
         finally:
@@ -205,25 +246,50 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     result["timings_s"] = timings
     result["seed"] = seed
     result["steps"] = steps
+    result["budget"] = _budget_report(budget_s, budget, result)
     result = jsonable(result)
     result["exit_code"] = exit_code(result)
     return result
 
 
+def _budget_report(budget_s: float | None, budget: Budget, result: dict[str, Any]) -> dict[str, Any]:
+    """What the budget cut: the skip-rate steps not taken, the precisions and measurements skipped."""
+    cut = []
+    sr = (result.get("skiprate") or {}).get("summary") or {}
+    if sr.get("stopped_by_budget"):
+        cut.append(f"skiprate: {sr.get('steps')} of {sr.get('steps_requested')} fp16 steps (the rest did not fit "
+                   "its share of the budget); its verdict rests on those")
+    for p, sec in ((result.get("nan") or {}).get("precisions") or {}).items():
+        if isinstance(sec, dict) and sec.get("not_run") == "budget":
+            cut.append(f"nan: {p} not run")
+    hd = (result.get("headroom") or {}).get("gradient_summary") or {}
+    if hd.get("default_scaler_not_measured") == "budget":
+        cut.append("headroom: the fp16 GradScaler step was not measured (AMP203 estimated from fp32 gradients)")
+    elapsed = time.perf_counter() - budget.started
+    result["timings_s"]["total"] = round(elapsed, 3)
+    return {"budget_s": budget_s, "cut": cut,
+            "exceeded_s": round(elapsed - budget_s, 3) if budget_s is not None and elapsed > budget_s else None}
+
+
 def check_source(source, allow_exec: bool = False, device: str | torch.device = "auto",
                  only: str | Iterable[str] | None = None, steps: int = DEFAULT_STEPS, seed: int = 0,
-                 progress: Progress | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+                 progress: Progress | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
     """`run_check` on a `spec.SpecSource`: YAML and presets in-process, a Python file in a child
     process with a time limit (and without the progress callback, which cannot cross processes)."""
     from ..spec import run_with_workload
 
     parse_only(only)  # bad options fail before anything is built (or a child is started)
     _check_steps(steps)
+    _check_budget(budget_s)
+    if budget_s is not None:
+        timeout_s = min(timeout_s, 3 * budget_s + 120)  # a step past the budget, plus building the model
     if isinstance(device, str):
         device = str(prec.resolve_device(device))  # a bad device fails before the model is built
     if getattr(source, "kind", None) == "python":
         progress = None
     result = run_with_workload(source, run_check, allow_exec=allow_exec, timeout_s=timeout_s,
-                               device=device, only=only, steps=steps, seed=seed, progress=progress)
+                               device=device, only=only, steps=steps, seed=seed, progress=progress,
+                               budget_s=budget_s)
     result.setdefault("spec", {})["source"] = source.describe()
     return result

@@ -20,20 +20,25 @@ from torch import nn
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
+from . import scaled_grads
+from .budget import past
 
 FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
 SUBNORMAL_EXP = -14  # |g| < 2**-14: float16 subnormal, precision lost
 _LO, _HI = -150, 130  # binary exponents of float32 (subnormals included) .. beyond its max
 _BINS = _HI - _LO
-SCALE_COVERS = 0.99  # the loss scale lifts this share of nonzero gradients out of the subnormals
+SCALE_COVERS = 0.999  # the loss scale keeps this share of nonzero gradients from flushing to zero
 FLUSH_WARN = 0.05  # a module losing >= 5% of its gradient elements to zero is broken in fp16
 SUBNORMAL_INFO = 0.25
 NEAR_OVERFLOW_BITS = 1.0
 BF16_WARN, BF16_INFO = 0.10, 0.02  # relative error of the loss (or output) against fp32
-GROUP_AFTER = 64  # AMP203 is one finding per module (each names its module) up to this many;
-# beyond it (a large preset) one finding lists them in data.modules, located at the first
-DEFAULT_SCALE = 65536.0  # GradScaler's init_scale
+DEFAULT_SCALE = scaled_grads.DEFAULT_SCALE  # GradScaler's init_scale
+LOST_WARN = 0.01  # the default scaler zeroes >= 1% of the model's nonzero gradient elements: AMP203 warning
+MODULE_LOST_WARN = 0.05  # ... or >= 5% of one module's
+LOST_OK = 0.001  # a suggested scale must keep all but 0.1% (the default loses ~0.01% on harmless models)
+SCALE_TRIES = 3
+ERROR_WARN = 0.02  # relative gradient error the default scale adds over a larger scale's
 _CHUNK = 1 << 24
 
 
@@ -111,7 +116,8 @@ def _share_below(hist: list[int], exp: int) -> tuple[int, int]:
 
 def _scale_window(hist: list[int], max_abs: float) -> dict[str, Any]:
     """Smallest power-of-two loss scale that lifts SCALE_COVERS of the nonzero gradients to
-    >= 2**-14, and the largest that keeps the biggest gradient below 65504."""
+    >= 2**-24 (below it float16 flushes them to zero; subnormals only lose digits), and the
+    largest that keeps the biggest gradient below 65504."""
     counts = hist[:_BINS]
     total = sum(counts)
     if total == 0:
@@ -123,7 +129,7 @@ def _scale_window(hist: list[int], max_abs: float) -> dict[str, Any]:
             low_exp = _LO + i  # the covered gradients are all >= 2**low_exp
             break
         acc += c
-    min_scale = 2.0 ** max(0, SUBNORMAL_EXP - low_exp)
+    min_scale = 2.0 ** max(0, FLUSH_EXP - low_exp)
     max_scale = 2.0 ** math.floor(math.log2(FP16_MAX / max_abs)) if max_abs > 0 and math.isfinite(max_abs) else None
     fits = None if max_scale is None else min_scale <= max_scale
     return {"min_loss_scale": min_scale, "max_loss_scale": max_scale, "fits": fits,
@@ -152,7 +158,7 @@ def _seeded_forward(workload: Workload, model: nn.Module, batch, seed: int):
     return out, workload.loss_fn(out, target) * workload.loss_weight
 
 
-def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str, Any]:
+def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None) -> dict[str, Any]:
     """Raw measurements (host values) of the reference step and the half-precision forwards."""
     torch.manual_seed(seed)
     model = workload.build_model().to(device)
@@ -187,6 +193,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
             h.remove()
     loss32.backward()
     owners = [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+    ref_grads = scaled_grads.reference_grads(owners)
     grad_hists, grad_max = [], []
     zero = torch.zeros((), device=device)
     for n, m in owners:
@@ -226,12 +233,102 @@ def measure(workload: Workload, device: torch.device, seed: int = 0) -> dict[str
                 for h in handles:
                     h.remove()
     device_vals["rel"] = rel
-    host = _to_host(device_vals)  # the one host sync of the check
-    del model, out32, loss32, batch
+    host = _to_host(device_vals)  # the one host sync of the reference measurements
+    host["scaled"] = (None if past(deadline) else
+                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline))
+    del model, out32, loss32, batch, ref_grads
     host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
                 errors=errors, half_out=half_out if "fp16" not in errors else None)
     return host
+
+
+def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners, ref_grads,
+                  device: torch.device, host: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+    """Real fp16 steps: at GradScaler's default scale; at the scale the fp32 gradients call for
+    when that is larger (to tell lost digits from fp16's own rounding); and, when the default
+    loses gradients, at larger scales (x16, up to SCALE_TRIES) until one keeps them."""
+    def step_at(scale):
+        return scaled_grads.scaled_fp16_step(model, owners, ref_grads, loss_of, device, scale)
+
+    def loss_of():
+        return _seeded_forward(workload, model, batch, seed)[1]
+
+    default = step_at(DEFAULT_SCALE)
+    out: dict[str, Any] = {"default": _step_dict(default)}
+    if default.scale is None:
+        return out
+    total_hist = [sum(col) for col in zip(*host["grad_hist"])]
+    candidate = max(default.scale * 2, _flush_floor(total_hist))
+    if past(deadline):
+        out["default"]["cut_by_budget"] = True
+        return out
+    higher = step_at(candidate) if _flush_floor(total_hist) > default.scale else None
+    why = []
+    if _loses(default.lost, default.nonzero):
+        why.append("lost")
+    if higher is not None and higher.scale is not None and not higher.backoffs and \
+            _degraded(default.relative_error, higher.relative_error):
+        why.append("gradient_error")
+    out["default"]["loses_gradients"] = bool(why)
+    out["default"]["why"] = why
+    if higher is not None:
+        out["default"]["compared_with"] = {"scale": candidate, **higher.to_dict()}
+    if not why:
+        return out
+    step = higher
+    for _ in range(SCALE_TRIES):
+        if step is None and past(deadline):
+            break
+        step = step if step is not None else step_at(candidate)
+        if step.scale is None or step.backoffs:  # the larger scale overflows: no single scale works
+            out["suggested"] = {**_step_dict(step), "tried_scale": candidate, "fits": False}
+            break
+        out["suggested"] = {**_step_dict(step), "tried_scale": candidate, "fits": True}
+        if not _loses(step.lost, step.nonzero, LOST_OK):
+            break
+        candidate *= 16
+        step = None
+    return out
+
+
+def _degraded(err_default: float | None, err_higher: float | None) -> bool:
+    """The default scale's gradients are measurably worse than a larger scale's: more than twice
+    the error and ERROR_WARN worse (fp16's own rounding is the same at both)."""
+    if err_default is None or err_higher is None:
+        return False
+    return err_default > 2 * err_higher and err_default - err_higher > ERROR_WARN
+
+
+def _step_dict(step: "scaled_grads.ScaledStep") -> dict[str, Any]:
+    return {**step.to_dict(), "per_module_lost": step.lost, "per_module_nonzero": step.nonzero,
+            "per_module_error": step.per_module_error}
+
+
+def _loses(lost: list[int], nonzero: list[int], share: float | None = None) -> bool:
+    """The model loses gradients: LOST_WARN of all its nonzero elements, or MODULE_LOST_WARN of
+    one module's (`share` replaces both when given)."""
+    total = sum(nonzero)
+    if not total:
+        return False
+    if share is not None:
+        return sum(lost) / total >= share
+    return sum(lost) / total >= LOST_WARN or any(
+        n and l / n >= MODULE_LOST_WARN for l, n in zip(lost, nonzero))
+
+
+def _flush_floor(hist: list[int]) -> float:
+    """Smallest power-of-two scale lifting all but LOST_OK of the nonzero fp32 gradients to
+    float16's smallest subnormal (2**-24): what it takes for them not to flush to zero."""
+    counts = hist[:_BINS]
+    total = sum(counts)
+    acc, low_exp = 0, _LO
+    for i, c in enumerate(counts):
+        if acc + c > total * LOST_OK:
+            low_exp = _LO + i
+            break
+        acc += c
+    return 2.0 ** max(0, FLUSH_EXP - low_exp)
 
 
 def _to_host(tree: Any) -> Any:
@@ -306,7 +403,10 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
     nonfinite = next((a["module"] for a in activations if not a["finite"]), None)
     gradients = []
     total_hist = [0] * (_BINS + 2)
-    for (name, cls), hist, gmax, count in zip(raw["owners"], raw["grad_hist"], raw["grad_max"], raw["param_counts"]):
+    default = (raw.get("scaled") or {}).get("default") or {}
+    lost = default.get("per_module_lost") if default.get("scale") is not None else None
+    for i, ((name, cls), hist, gmax, count) in enumerate(zip(raw["owners"], raw["grad_hist"], raw["grad_max"],
+                                                             raw["param_counts"])):
         total_hist = [a + b for a, b in zip(total_hist, hist)]
         nz, flush = _share_below(hist, FLUSH_EXP)
         _, sub = _share_below(hist, SUBNORMAL_EXP)
@@ -314,6 +414,7 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
                           "zeros": hist[_BINS], "nonfinite": hist[_BINS + 1], "max_abs": gmax,
                           "flush_to_zero_share": flush / nz if nz else 0.0,
                           "subnormal_share": sub / nz if nz else 0.0,
+                          "lost_with_default_scaler": lost[i] if lost else (0 if lost is not None else None),
                           **_scale_window(hist, gmax)})
     nz, flush = _share_below(total_hist, FLUSH_EXP)
     _, sub = _share_below(total_hist, SUBNORMAL_EXP)
@@ -321,7 +422,9 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
     summary = {"nonzero": nz, "flush_to_zero_share": flush / nz if nz else 0.0,
                "subnormal_share": sub / nz if nz else 0.0, "max_abs": gmax,
                "nonfinite": total_hist[_BINS + 1], **_scale_window(total_hist, gmax),
-               "exponent_histogram": {str(_LO + i): c for i, c in enumerate(total_hist[:_BINS]) if c}}
+               "exponent_histogram": {str(_LO + i): c for i, c in enumerate(total_hist[:_BINS]) if c},
+               **_scaler_summary(raw.get("scaled", {}))}
+    summary["window_text"] = window_text(summary)
     rel = {}
     for p in ("fp16", "bf16"):
         if p in raw["rel"]:
@@ -375,62 +478,93 @@ def _pow2(x: float) -> str:
     return f"2**{int(e)} = {x:.0f}" if e == int(e) and x >= 1 else f"{x:g}"
 
 
-def _scale_suggestion(s: dict[str, Any]) -> str:
+def window_text(s: dict[str, Any]) -> str:
+    """The loss-scale window in words: never 'between 1 and 0.25' when no scale fits."""
     lo, hi = s.get("min_loss_scale"), s.get("max_loss_scale")
     if lo is None:
-        return "Use torch.amp.GradScaler with fp16, or train in bf16, which needs no loss scaling."
+        return "no nonzero gradient to scale"
     if s.get("fits") is False:
-        return (f"No single loss scale fits: lifting the small gradients needs {_pow2(lo)}, but the largest "
-                f"overflows float16 above {_pow2(hi)}. Train in bf16 (no loss scaling needed).")
-    window = f"a loss scale of at least {_pow2(lo)}" + (f" and at most {_pow2(hi)}" if hi is not None else "")
-    default = ("; GradScaler's default init_scale 65536 is below that, so set init_scale="
-               f"{lo:.0f} (it only grows by itself every 2000 steps)") if lo > 65536 else \
-        "; GradScaler's default init_scale 65536 covers it"
-    return (f"Use torch.amp.GradScaler with fp16: these gradients need {window}{default}. "
-            "Or train in bf16, which needs no loss scaling.")
+        return (f"no single loss scale fits: keeping the small gradients from flushing to zero needs at "
+                f"least {_pow2(lo)}, but the largest gradient overflows float16 above {_pow2(hi)}")
+    return f"a loss scale from {_pow2(lo)}" + (f" to {_pow2(hi)}" if hi is not None else " up") + \
+        " keeps the gradients from flushing to zero without overflowing"
 
 
-def _default_scale_covers(g: dict[str, Any]) -> bool:
-    """GradScaler starts at 65536: enough when the window's floor is at or below it and fits."""
-    lo = g.get("min_loss_scale")  # above the max, GradScaler backs off into the window by itself
-    return lo is not None and lo <= DEFAULT_SCALE and g.get("fits") is not False
+def _scaler_summary(scaled: dict[str, Any] | None) -> dict[str, Any]:
+    """The measured GradScaler figures for gradient_summary (per-module lists stay in gradients)."""
+    if not scaled:
+        return {"default_scaler_not_measured": "budget"} if scaled is None else {}
+    strip = ("per_module_lost", "per_module_nonzero", "per_module_error")
+    out = {"default_scaler": {k: v for k, v in scaled["default"].items() if k not in strip}}
+    if "suggested" in scaled:
+        out["suggested_scaler"] = {k: v for k, v in scaled["suggested"].items() if k not in strip}
+    return out
+
+
+def _lost_modules(r: HeadroomResult) -> list[dict[str, Any]]:
+    return [g for g in r.gradients if g.get("lost_with_default_scaler")]
 
 
 def _underflow_findings(r: HeadroomResult) -> list[Finding]:
+    """One AMP203 per model, from real fp16 steps with GradScaler: a warning only when the
+    default scaler loses gradients; an info when fp16 without a scaler would."""
     s = r.gradient_summary
-    suggestion = _scale_suggestion(s)
-    bad = [g for g in r.gradients if g["nonzero"] and g["flush_to_zero_share"] >= FLUSH_WARN]
-    findings = []
-    for g in bad:
-        msg = (f"{g['class']} '{g['module']}': without loss scaling {g['flush_to_zero_share']:.1%} of its "
-               f"nonzero gradient elements would flush to zero in float16 (|g| < 6e-8) and "
-               f"{g['subnormal_share']:.1%} would be subnormal (|g| < 6.1e-5)")
-        covered = _default_scale_covers(g)
-        if covered:
-            msg += "; GradScaler's default scale (65536) keeps them, so this matters only without one"
-        findings.append(Finding("AMP203", "fp16-gradient-underflow",
-                                Severity.INFO if covered else Severity.WARNING, msg,
-                                _scale_suggestion(g), Location(module=g["module"]), precision="fp16",
-                                data={"check": "headroom", **{k: g[k] for k in (
-                                    "flush_to_zero_share", "subnormal_share", "max_abs",
-                                    "min_loss_scale", "max_loss_scale")}}))
-    if len(findings) > GROUP_AFTER:
-        modules = [f.location.module for f in findings]
-        severity = max((f.severity for f in findings), key=lambda v: v.rank)
-        msg = (f"{len(modules)} modules would lose gradients to zero in float16 without loss scaling: "
-               f"{s['flush_to_zero_share']:.1%} of all nonzero gradient elements flush to zero and "
-               f"{s['subnormal_share']:.1%} are subnormal")
-        return [Finding("AMP203", "fp16-gradient-underflow", severity, msg, suggestion,
-                        Location(module=modules[0]), precision="fp16", data={"check": "headroom", "modules": modules,
-                                                             **{k: v for k, v in s.items() if k != "exponent_histogram"}})]
-    if not findings and s["nonzero"] and s["subnormal_share"] >= SUBNORMAL_INFO:
-        msg = (f"without loss scaling {s['subnormal_share']:.1%} of the nonzero gradient elements would "
-               f"be float16 subnormals (|g| < 6.1e-5, precision lost) and {s['flush_to_zero_share']:.2%} "
-               "would flush to zero")
-        findings.append(Finding("AMP203", "fp16-gradient-underflow", Severity.INFO, msg, suggestion,
-                                Location(), precision="fp16",
-                                data={"check": "headroom", **{k: v for k, v in s.items() if k != "exponent_histogram"}}))
-    return findings
+    d = s.get("default_scaler")
+    data = {"check": "headroom", **{k: v for k, v in s.items() if k != "exponent_histogram"}}
+    if not d or d.get("lost_share") is None:
+        return _unscaled_info(r, data, measured=False)
+    lost = _lost_modules(r)
+    if not d.get("loses_gradients") or not lost:
+        return _unscaled_info(r, data, measured=True)
+    worst = max(lost, key=lambda g: (g["lost_with_default_scaler"] / max(g["nonzero"], 1), g["lost_with_default_scaler"]))
+    data["modules"] = [{"module": g["module"], "class": g["class"], "lost": g["lost_with_default_scaler"],
+                        "nonzero": g["nonzero"], "lost_share": g["lost_with_default_scaler"] / max(g["nonzero"], 1)}
+                       for g in lost]
+    names = ", ".join(f"'{g['module']}'" for g in lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else "")
+    msg = (f"a real fp16 step with GradScaler at scale {d['scale']:g}"
+           + (f" (backed off {d['backoffs']} time(s) from 65536 on overflow)" if d.get("backoffs") else
+              " (its default)")
+           + f" loses {d['lost_share']:.2%} of the nonzero gradient elements to zero (|g x scale| < 6e-8) "
+           f"in {len(lost)} module(s): {names}; the gradient's relative error against fp32 is "
+           f"{_fmt(d.get('gradient_relative_error'))}")
+    higher = d.get("compared_with")
+    if higher and higher.get("gradient_relative_error") is not None:
+        msg += f" ({_fmt(higher['gradient_relative_error'])} at scale {_pow2(higher['scale'])})"
+    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, _measured_suggestion(s),
+                    Location(module=worst["module"]), precision="fp16", data=data)]
+
+
+def _measured_suggestion(s: dict[str, Any]) -> str:
+    d, sug = s["default_scaler"], s.get("suggested_scaler")
+    bf16 = "Or train in bf16, which needs no loss scaling."
+    if d.get("backoffs") or sug is None or not sug.get("fits"):
+        return ("No single loss scale keeps these gradients: the scale that lifts the small ones makes the large "
+                "ones overflow float16. Train in bf16, or scale the loss up in the code (a loss weight "
+                "this small underflows) and keep GradScaler.")
+    tried = sug["tried_scale"]
+    keeps = (f"; measured: at {_pow2(tried)} {sug['lost_share']:.2%} are lost and the gradient error is "
+             f"{_fmt(sug.get('gradient_relative_error'))} (default: {_fmt(d.get('gradient_relative_error'))})")
+    return (f"Start GradScaler higher: torch.amp.GradScaler(init_scale={tried:.0f}) (it grows by itself only "
+            f"every 2000 steps){keeps}. {bf16}")
+
+
+def _unscaled_info(r: HeadroomResult, data: dict[str, Any], measured: bool) -> list[Finding]:
+    """No loss from the default scaler; one info when running fp16 without any scaler would lose
+    FLUSH_WARN of the gradients (so GradScaler must stay)."""
+    s = r.gradient_summary
+    if not s["nonzero"] or s["flush_to_zero_share"] < FLUSH_WARN:
+        return []
+    how = ("a real fp16 step with GradScaler's default scale keeps them" if measured else
+           "GradScaler's default scale (65536) should keep them (estimated from the fp32 gradients; "
+           "the fp16 step could not be measured)")
+    if not measured and s.get("min_loss_scale") and s["min_loss_scale"] > DEFAULT_SCALE:
+        how = (f"GradScaler's default scale 65536 is below the {_pow2(s['min_loss_scale'])} the fp32 gradients "
+               "call for (estimated: the fp16 step could not be measured)")
+    msg = (f"without loss scaling {s['flush_to_zero_share']:.1%} of the nonzero gradient elements would flush "
+           f"to zero in float16 (|g| < 6e-8); {how}")
+    return [Finding("AMP203", "fp16-gradient-underflow", Severity.INFO, msg,
+                    "Keep torch.amp.GradScaler in the fp16 loop (or train in bf16, which needs no loss scaling).",
+                    Location(), precision="fp16", data=data)]
 
 
 def _bf16_findings(r: HeadroomResult) -> list[Finding]:
@@ -453,8 +587,9 @@ def _bf16_findings(r: HeadroomResult) -> list[Finding]:
                           "output_relative_error": out_err})]
 
 
-def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0) -> HeadroomResult:
+def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0,
+                   deadline: float | None = None) -> HeadroomResult:
     device = torch.device(device)
     with prec.precision_mode("fp32", device):
-        raw = measure(workload, device, seed)
+        raw = measure(workload, device, seed, deadline)
     return interpret(raw, str(device), seed)

@@ -4,7 +4,7 @@ Loaded with `torch.load(weights_only=True)` (memory-mapped where the format allo
 that needs code unpickled is refused rather than executed. Answers what a person resuming or
 converting a run needs to know: which dtypes the tensors are, whether the model weights are
 half-precision only (no float32 master copy: AMP124), whether the GradScaler, optimizer and
-scheduler state are there for a faithful resume (AMP110), and whether the saved loss scale says
+scheduler state are there for a faithful resume (AMP110 scaler, AMP211 scheduler), and whether the saved loss scale says
 the model overflows float16 (AMP202).
 """
 from __future__ import annotations
@@ -387,7 +387,7 @@ def _judge(report: InspectReport, models, optimizer, scaler, scheduler, step, ev
                 evidence=evidence))
     if training and not scheduler["present"]:
         report.findings.append(_finding(
-            "AMP110", "checkpoint-missing-scaler-state", Severity.INFO,
+            "AMP211", "checkpoint-missing-scheduler-state", Severity.INFO,
             "no LR scheduler state: if the run used a scheduler, a resumed run restarts its schedule",
             "save scheduler.state_dict() too (or derive the LR from the saved step)", path))
     if training and optimizer.get("empty_state"):

@@ -19,6 +19,9 @@ from torch import nn
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
+import time
+
+from .budget import no_room
 from .nanhooks import HookSet, StepReport, number
 from .training_step import build, device_batch
 
@@ -250,6 +253,8 @@ def hunt_nonfinite(
     precisions: Sequence[str] = ("fp32", "fp16", "bf16"),
     seed: int = 0,
     steps: int = 1,
+    deadline: float | None = None,
+    progress=None,
 ) -> dict:
     """Run `steps` seeded training steps per precision with the hooks on; report the first
     non-finite module per precision and the findings.
@@ -265,8 +270,16 @@ def hunt_nonfinite(
         raise ValueError(f"steps must be at least 1, got {steps}")
     sections: dict[str, dict] = {}
     traces: dict[str, list[list[dict]]] = {}
-    for p in names:
+    last_s = 0.0
+    for i, p in enumerate(names):
+        if i and no_room(deadline, last_s):  # the first precision always runs; the rest only if they fit
+            sections[p], traces[p] = _not_run(p), []
+            continue
+        if progress is not None:
+            progress(i / len(names), f"nan: {p} step with hooks")
+        started = time.perf_counter()
         sections[p], traces[p] = _hunt_one(workload, device, p, seed, steps)
+        last_s = time.perf_counter() - started
     return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
 
 
@@ -342,6 +355,13 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
     return section, trace
 
 
+def _not_run(precision: str) -> dict:
+    dtype = prec.autocast_dtype(precision)
+    return {"autocast": str(dtype).replace("torch.", "") if dtype else None, "first_forward": None,
+            "first_backward": None, "loss": None, "loss_finite": None, "steps_run": 0, "failed_step": None,
+            "not_run": "budget", "summary": "not run: the check's time budget was spent (raise --budget)"}
+
+
 def _summary(section: dict) -> str:
     """One line for the report table: what this precision's run found first."""
     if section.get("error"):
@@ -407,12 +427,76 @@ def _reference_call(traces: dict, precision: str, step: int, index: int, module:
 def _findings(sections: dict, traces: dict) -> list[Finding]:
     out: list[Finding] = []
     for p, s in sections.items():
+        if s.get("not_run"):  # cut by the budget: nothing measured, nothing to say (errors.nan says it)
+            continue
         ff, fb = s.get("first_forward"), s.get("first_backward")
         if ff is not None or not s.get("loss_finite", True):
-            out.append(_forward_finding(p, s, ff, traces))
+            f = _forward_finding(p, s, ff, traces)
         elif fb is not None:
-            out.append(_backward_finding(p, s, fb))
+            f = _backward_finding(p, s, fb)
+        else:
+            continue
+        shared = _shared_with_fp32(p, f, sections)
+        if shared:
+            f = _not_a_precision_problem(f, shared)
+        elif p == "fp32":
+            f = Finding(f.rule, f.name, f.severity, f.message, _MODEL_BUG_FP32 + f.suggestion, f.location,
+                        f.precision, {**f.data, "precision_problem": False})
+        out.append(f)
     return out
+
+
+def _fp32_event(sections: dict) -> tuple[str, str | None] | None:
+    """('forward'|'backward', module) of fp32's first non-finite value, when fp32 has one."""
+    s = sections.get("fp32")
+    if not isinstance(s, dict) or s.get("error"):
+        return None
+    if s.get("first_forward") is not None or not s.get("loss_finite", True):
+        return "forward", (s.get("first_forward") or {}).get("module")
+    if s.get("first_backward") is not None:
+        return "backward", s["first_backward"].get("module")
+    return None
+
+
+def _shared_with_fp32(p: str, f: Finding, sections: dict) -> dict | None:
+    """fp32 shows the same non-finite value (same pass, same module) as precision `p`."""
+    if p == "fp32":
+        return None
+    ref = _fp32_event(sections)
+    if ref is None:
+        return None
+    direction = "backward" if f.rule == "AMP206" else "forward"
+    if ref != (direction, f.location.module):
+        return None
+    return {"precision": "fp32", "pass": direction, "module": f.location.module}
+
+
+_MODEL_BUG = ("This happens in fp32 too, so it is a model or data bug, not a precision problem; bf16 or "
+              "keeping a module in float32 will not cure it. ")
+
+
+_MODEL_BUG_FP32 = "In fp32 this is a model or data bug, not a precision problem. "
+
+
+def _fix_text(f: Finding) -> str:
+    if f.rule == "AMP206":
+        return ("Look for an operation whose derivative is infinite at the values seen: sqrt or pow(x, <1) at 0 "
+                "(an L2 norm of an all-zero padding row: use torch.linalg.vector_norm or sqrt(x + eps)), log "
+                "near 0, division by a small number; add an eps or mask the padding.")
+    return ("Guard the operation that makes it: division by a zero norm (padding rows: mask them or clamp "
+            "the norm with an eps), log/sqrt of non-positive values, inf - inf, weights or inputs that are "
+            "already non-finite; check the data feeding it.")
+
+
+def _not_a_precision_problem(f: Finding, shared: dict) -> Finding:
+    """The same finding, saying it is shared with fp32 and dropping any half-precision cure."""
+    where = "the loss" if f.location.module is None else f"module '{f.location.module}'"
+    return Finding(f.rule, f.name, f.severity,
+                   f"{f.message}; fp32 shows the same non-finite value at {where}: a model or data bug, "
+                   "not a precision problem",
+                   _MODEL_BUG + (f.suggestion if f.rule == "AMP205" and f.location.module is None else _fix_text(f)),
+                   f.location, f.precision,
+                   {**f.data, "also_in_fp32": shared, "precision_problem": False})
 
 
 def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:

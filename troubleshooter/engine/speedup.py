@@ -2,9 +2,11 @@
 
 A full training step (forward, loss, backward, optimizer step) is timed in each precision,
 each on its own model and optimizer built from the same seed. After a discarded warm-up the
-precisions are timed in interleaved rounds (fp32 bf16 fp16, fp32 bf16 fp16, ...) so drift of
-the machine (clocks, other processes) hits all of them alike, until every precision's spread
-(IQR / median) is below `TARGET_SPREAD` or the time budget runs out. The result is the
+precisions are timed in interleaved rounds, each round in a freshly shuffled (seeded) order, so
+drift of the machine (clocks, other processes) hits all of them alike and no precision always
+runs first, until every precision's spread (IQR / median) is below `TARGET_SPREAD` or the time
+budget runs out. The speedup is the median of the paired per-round ratios with a bootstrap
+interval (`speedup_stats`); a verdict is given only where that evidence carries it. The result is the
 `speedup --format json` object; `make_verdict` (in `verdict.py`) turns it into advice.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import sys
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -25,6 +28,7 @@ from ..workload import Workload
 from ..units import format_bytes
 from . import precision as prec
 from .device_info import describe_device
+from .speedup_stats import paired_speedups
 from .timing import StepTimer, summarize
 from .training_step import build, is_oom, release, training_step
 from .verdict import make_verdict
@@ -257,7 +261,8 @@ def run_speedup(
 
     # ---- interleaved timing rounds (a precision whose one step used its share sits them out)
     timed = {p: r for p, r in runners.items() if not r.too_slow}
-    samples, stop_reason, rounds = _timed_rounds(timed, batches, dev, t_start, budget_s, errors, progress)
+    samples, stop_reason, rounds, orders = _timed_rounds(timed, batches, dev, t_start, budget_s, errors, progress,
+                                                         seed=seed)
     for p in [p for p in runners if p in errors]:
         del runners[p]
     for p, r in runners.items():
@@ -274,7 +279,9 @@ def run_speedup(
     if flops is None and forward_flops:
         flops, flops_method = 3.0 * forward_flops, "estimated: 3 x forward FLOPs (torch flop counter)"
 
-    results = _results(runners, samples, workload, info, flops)
+    paired = {p: ps.to_dict() for p, ps in paired_speedups(
+        {p: samples[p] for p in runners if not runners[p].too_slow and p in samples}, seed=seed).items()}
+    results = _results(runners, samples, workload, info, flops, paired)
     spec = {
         **dict(workload.summary or {}),  # the loader's description first: measured facts win
         "name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len,
@@ -292,6 +299,7 @@ def run_speedup(
         loss_rel_diff={p: r.get("loss_rel_diff_vs_fp32") for p, r in results.items()}, compiled=compile,
         failed=tuple(errors),
         spreads={p: r["spread"] for p, r in results.items() if r.get("timed_from") != "warm-up"},
+        paired=paired, native={p: r["native"] for p, r in results.items()},
     )
     for p in list(runners):
         del runners[p]
@@ -305,6 +313,7 @@ def run_speedup(
             "precisions": requested, "budget_s": budget_s, "compile": bool(compile), "seed": seed,
             "warmup_steps": warmup_steps, "target_spread": TARGET_SPREAD, "min_samples": MIN_SAMPLES,
             "rounds": rounds, "stopped_because": stop_reason, "warmup_s": round(warmup_s, 3),
+            "round_order": "shuffled per round (seeded)", "first_round_orders": orders[:5],
             "elapsed_s": round(elapsed, 3),
             "budget_exceeded_s": round(elapsed - budget_s, 3) if elapsed > budget_s * 1.05 else None,
             "timer": "cuda events" if dev.type == "cuda" else "perf_counter after synchronize",
@@ -392,17 +401,23 @@ def _cpu_memory_step(runner: _Runner, batch) -> float:
     return took[0]
 
 
-def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
-    """A B C A B C ... until every spread is small, MAX_SAMPLES, or the budget (after MIN_ROUNDS)."""
+def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, seed: int = 0):
+    """Rounds of one step per precision, each round in a new seeded random order (B A C, C B A,
+    ...), until every spread is small, MAX_SAMPLES, or the budget (after MIN_ROUNDS)."""
     samples: dict[str, list[float]] = {p: [] for p in runners}
     timers = {p: StepTimer(dev) for p in runners}
     deadline = t_start + budget_s
     rounds, stop_reason = 0, "no precision could be measured" if not runners else None
     last_emit = 0.0
+    rng = random.Random(seed)
+    orders: list[list[str]] = []
     while runners:
         round_start = time.perf_counter()
         batch = batches[rounds % len(batches)]
-        for p in list(runners):
+        order = list(runners)
+        rng.shuffle(order)
+        orders.append(order)
+        for p in order:
             try:
                 timers[p].time(lambda r=runners[p]: r.step(batch))
                 samples[p].extend(timers[p].collect())
@@ -432,10 +447,10 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress):
         if rounds >= MIN_ROUNDS and now + (now - round_start) > deadline:
             stop_reason = "budget"
             break
-    return samples, stop_reason, rounds
+    return samples, stop_reason, rounds, orders
 
 
-def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dict[str, Any]]:
+def _results(runners, samples, workload: Workload, info, flops, paired=None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     base = samples.get("fp32")
     base_med = summarize(base).median if base else None
@@ -455,8 +470,11 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
             "throughput_unit": workload.samples_unit,
             "peak_memory_bytes": runner.peak_memory_bytes, "peak_memory_method": runner.memory_method,
             "speedup_vs_fp32": base_med / summ.median if base_med else None,
+            "speedup_vs_fp32_medians": base_med / summ.median if base_med else None,
             "speedup_vs_fp32_paired": None,
             "speedup_vs_fp32_iqr": None,
+            "speedup_vs_fp32_ci": None,
+            "low_quantile_ms": _low_quantile(s),
             "final_loss": runner.losses[common - 1] if common else None,
             "loss_after_steps": common,
             "losses": runner.losses,
@@ -469,6 +487,10 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
             ratios = summarize([b / x for b, x in zip(base, s) if x > 0])  # paired by round
             r["speedup_vs_fp32_paired"] = ratios.median
             r["speedup_vs_fp32_iqr"] = [ratios.q1, ratios.q3]
+        if (paired or {}).get(p):
+            r["speedup_vs_fp32"] = paired[p]["median"]  # the robust figure: median of paired ratios
+            r["speedup_vs_fp32_ci"] = paired[p]["ci"]
+            r["speedup_vs_fp32_low_quantile"] = paired[p]["low_quantile_ratio"]
         if tf32_med:
             r["speedup_vs_tf32"] = tf32_med / summ.median
         if fp32_losses and runner.losses:
@@ -489,6 +511,12 @@ def _results(runners, samples, workload: Workload, info, flops) -> dict[str, dic
                                   else f"no {p} peak figure for {info.get('name')} in data/gpus.yaml")
         out[p] = r
     return out
+
+
+def _low_quantile(samples: list[float]) -> float | None:
+    from .speedup_stats import LOW_QUANTILE, quantile
+
+    return quantile(samples, LOW_QUANTILE) if samples else None
 
 
 def _native(p: str, info: dict[str, Any]) -> bool:
@@ -532,7 +560,8 @@ def format_text(result: dict[str, Any]) -> str:
     results = result["results"]
     unit = next((r["throughput_unit"] for r in results.values()), "samples/s")
     has_tflops = any(r.get("achieved_tflops") is not None for r in results.values())
-    head = f"{'precision':<10}{'median ms':>11}{'IQR ms':>9}{'spread':>8}{unit:>12}{'peak mem':>12}{'vs fp32':>9}"
+    head = (f"{'precision':<10}{'median ms':>11}{'IQR ms':>9}{'spread':>8}{unit:>12}{'peak mem':>12}{'vs fp32':>9}"
+            f"{'95% interval':>15}")
     head += f"{'TFLOP/s':>9}{'of peak':>8}" if has_tflops else ""
     head += f"  {'final loss (vs fp32)'}"
     lines += ["", head]
@@ -540,6 +569,8 @@ def format_text(result: dict[str, Any]) -> str:
         vs = f"{r['speedup_vs_fp32']:.2f}x" if r.get("speedup_vs_fp32") else "n/a"
         row = (f"{p + ('' if r.get('native', True) else '*'):<10}{r['median_ms']:>11.3f}{r['iqr_ms']:>9.3f}"
                f"{r['spread']:>8.1%}{_rate(r['throughput']):>12}{format_bytes(r['peak_memory_bytes']):>12}{vs:>9}")
+        ci = r.get("speedup_vs_fp32_ci")
+        row += f"{f'{ci[0]:.2f}-{ci[1]:.2f}x':>15}" if ci and None not in ci else f"{'':>15}"
         if has_tflops:
             share = f"{r['peak_share']:.0%}" if r.get("peak_share") is not None else "n/a"
             row += f"{r['achieved_tflops']:>9.3g}{share:>8}"
@@ -564,6 +595,9 @@ def format_text(result: dict[str, Any]) -> str:
         lines.append(f"peak memory: {mem}")
     v = result["verdict"]
     lines += ["", f"Verdict: {v['recommendation']}"]
+    if v.get("speedup_ci"):
+        lines.append(f"  speedup: median of {st['rounds']} paired per-round ratios (rounds in shuffled order), "
+                     f"95% interval {v['speedup_ci'][0]:.2f}x to {v['speedup_ci'][1]:.2f}x")
     for reason in v.get("reasons", []):
         lines.append(f"  - {reason}")
     for f in result.get("findings", []):

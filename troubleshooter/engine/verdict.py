@@ -26,7 +26,11 @@ SMALL_ITEMS = 4096
 NOISY_SPREAD = 0.10  # IQR/median above this: something else is competing for the device
 PREFER_BF16_WITHIN = 1.05  # bf16 this close to fp16 is worth it: no GradScaler, no overflow
 
-LEVELS = ("stay_fp32", "modest", "use_amp", "unknown")
+MAX_SPREAD = 0.25  # IQR/median of the timings (or the paired ratios) above this: no verdict at all
+LEVELS = ("stay_fp32", "modest", "use_amp", "inconclusive", "unknown")
+CLEAN_MEASUREMENT = ("for a clean measurement: stop other programs using this device, rerun with a larger "
+                     "--budget, pin the threads (OMP_NUM_THREADS / taskset on a CPU), or measure on the GPU "
+                     "you will train on")
 _CPU_MATRIX_FEATURES = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
 
@@ -35,9 +39,11 @@ class Verdict:
     level: str  # one of LEVELS
     recommendation: str
     best_precision: str | None
-    speedup: float | None  # fp32 median / best median
+    speedup: float | None  # median of paired per-round ratios fp32/best (else fp32 median / best median)
     reasons: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    interval: tuple[float, float] | None = None  # 95% interval of `speedup`
+    inconclusive_because: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,7 +51,10 @@ class Verdict:
             "level": self.level,
             "best_precision": self.best_precision,
             "speedup": None if self.speedup is None else round(self.speedup, 4),
-            "thresholds": {"stay_fp32_below": STAY_BELOW, "use_amp_above": USE_AMP_ABOVE},
+            "speedup_ci": None if self.interval is None else [round(x, 4) for x in self.interval],
+            "thresholds": {"stay_fp32_below": STAY_BELOW, "use_amp_above": USE_AMP_ABOVE,
+                           "max_spread": MAX_SPREAD, "noisy_spread": NOISY_SPREAD},
+            "inconclusive_because": list(self.inconclusive_because),
             "reasons": list(self.reasons),
         }
 
@@ -100,13 +109,19 @@ def make_verdict(
     compiled: bool = False,
     failed: Sequence[str] = (),
     spreads: Mapping[str, float | None] | None = None,
+    paired: Mapping[str, Mapping[str, Any]] | None = None,
+    native: Mapping[str, bool] | None = None,
 ) -> Verdict:
     """Decide from median step times per precision (ms) and what is known about the run.
 
     `misaligned` lists human descriptions of dimensions that are not tensor-core friendly
     (from the alignment check, AMP201); `loss_rel_diff` maps precision -> |loss - fp32 loss|
     / |fp32 loss| after the same few steps; `failed` names precisions that raised an error;
-    `spreads` maps precision -> IQR/median of its samples.
+    `spreads` maps precision -> IQR/median of its samples; `paired` maps precision -> the
+    `PairedSpeedup.to_dict()` of its per-round ratios against fp32 (median, ci, spread): with it
+    the speedup is the paired median and the verdict is "inconclusive" when its interval straddles
+    a threshold or the timings are too noisy; `native` maps precision -> the device has a fast
+    path for it (a gain on a precision without one needs clean timings to be believed).
     """
     medians = {p: float(v) for p, v in medians_ms.items() if v is not None and v > 0}
     others = {p: v for p, v in medians.items() if p != "fp32"}
@@ -123,9 +138,18 @@ def make_verdict(
             why = "only fp32 was measured: add fp16/bf16 to --precisions"
         return Verdict("unknown", f"no verdict: {why}", best, None, notes)
 
-    best = min(others, key=others.get)
-    speedup = medians["fp32"] / others[best]
+    paired = {p: v for p, v in (paired or {}).items() if p in others and v and v.get("median")}
+    if paired:
+        best = max(paired, key=lambda p: paired[p]["median"])
+        speedup = float(paired[best]["median"])
+    else:
+        best = min(others, key=others.get)
+        speedup = medians["fp32"] / others[best]
     level = level_for(speedup)
+    ci = tuple(paired[best]["ci"]) if paired and paired[best].get("ci") else None
+    doubts = _doubts(best, speedup, level, ci, paired.get(best), spreads or {}, native or {}, bool(paired))
+    if doubts:
+        return _inconclusive(best, speedup, ci, doubts, notes)
     reasons: list[str] = []
     if level != "use_amp":
         reasons = _low_speedup_reasons(
@@ -137,11 +161,53 @@ def make_verdict(
     prefer = _prefer_bf16_note(medians, best, device_type, bf16_native, cpu_features)
     if prefer:
         reasons.append(prefer)
+    if (native or {}).get(best) is False and level != "stay_fp32":
+        reasons.append(f"{best} has no fast path on this device (converted/emulated); this gain was measured with "
+                       f"clean timings (spread within {NOISY_SPREAD:.0%}), but confirm it on the machine you train on")
     reasons += notes
-    verdict = Verdict(level, _recommendation(level, best, speedup), best, speedup, reasons)
+    verdict = Verdict(level, _recommendation(level, best, speedup), best, speedup, reasons, interval=ci)
     if level != "use_amp":
         verdict.findings.append(_low_speedup_finding(verdict, device_type, device_name))
     return verdict
+
+
+def _doubts(best: str, speedup: float, level: str, ci: tuple | None, pair: Mapping[str, Any] | None,
+            spreads: Mapping[str, float | None], native: Mapping[str, bool], has_paired: bool) -> list[str]:
+    """Why the evidence cannot carry a verdict (empty when it can)."""
+    out = []
+    noisy = {p: v for p, v in spreads.items() if p in ("fp32", best) and v is not None and v > MAX_SPREAD}
+    if pair and pair.get("spread") is not None and pair["spread"] > MAX_SPREAD:
+        noisy[f"{best}/fp32 ratio"] = pair["spread"]
+    if noisy:
+        worst = max(noisy, key=noisy.get)
+        out.append(f"the timings are too noisy for a verdict ({worst} spread {noisy[worst]:.0%} IQR/median, "
+                   f"limit {MAX_SPREAD:.0%}): something else is competing for the device")
+    if has_paired:
+        if ci is None:
+            out.append(f"too few paired rounds ({(pair or {}).get('pairs', 0)}) for a confidence interval")
+        elif level_for(ci[0]) != level_for(ci[1]):
+            edge = STAY_BELOW if level_for(ci[0]) == "stay_fp32" else USE_AMP_ABOVE
+            out.append(f"the 95% interval of the {best} speedup, {ci[0]:.2f}x to {ci[1]:.2f}x, straddles the "
+                       f"{edge:g}x threshold")
+    if native.get(best) is False and level != "stay_fp32" and not out:
+        shaky = {p: v for p, v in spreads.items() if p in ("fp32", best) and v is not None and v > NOISY_SPREAD}
+        if pair and pair.get("spread") is not None and pair["spread"] > NOISY_SPREAD:
+            shaky[f"{best}/fp32 ratio"] = pair["spread"]
+        if shaky or ci is None and has_paired:
+            worst = max(shaky, key=shaky.get) if shaky else None
+            out.append(f"{best} has no fast path on this device (converted/emulated), so a {speedup:.2f}x gain "
+                       "needs clean timings to be believed"
+                       + (f", and these are noisy ({worst} spread {shaky[worst]:.0%})" if worst else ""))
+    return out
+
+
+def _inconclusive(best: str, speedup: float, ci: tuple | None, doubts: list[str], notes: list[str]) -> Verdict:
+    interval = f" (95% interval {ci[0]:.2f}x to {ci[1]:.2f}x)" if ci else ""
+    rec = (f"inconclusive: {best} measured {speedup:.2f}x over fp32{interval}, but "
+           + "; ".join(doubts) + f"; {CLEAN_MEASUREMENT}")
+    return Verdict("inconclusive", rec, best, speedup, [*doubts, CLEAN_MEASUREMENT[0].upper() + CLEAN_MEASUREMENT[1:],
+                                                        *[n for n in notes if "noisy" not in n]],
+                   interval=ci, inconclusive_because=doubts)
 
 
 def _noise_notes(spreads: Mapping[str, float | None]) -> list[str]:

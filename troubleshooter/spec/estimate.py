@@ -22,6 +22,21 @@ ENV_MAX_PARAMS = "TROUBLESHOOTER_MAX_PARAMS"
 ENV_MAX_MEMORY_GB = "TROUBLESHOOTER_MAX_MEMORY_GB"
 
 
+def host_memory_gb() -> float | None:
+    """This machine's physical memory in GiB (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_memory_gb() -> float:
+    """The memory limit without an override: DEFAULT_MAX_MEMORY_GB, but never more than this host
+    has (a 48 GiB step on a 23 GiB machine would only swap or be killed)."""
+    host = host_memory_gb()
+    return min(DEFAULT_MAX_MEMORY_GB, host) if host else DEFAULT_MAX_MEMORY_GB
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a spec may ask for; arguments win over the environment, which wins over the defaults."""
@@ -45,7 +60,7 @@ class Limits:
             return float(default)
 
         return cls(pick(max_params, ENV_MAX_PARAMS, DEFAULT_MAX_PARAMS),
-                   pick(max_memory_gb, ENV_MAX_MEMORY_GB, DEFAULT_MAX_MEMORY_GB))
+                   pick(max_memory_gb, ENV_MAX_MEMORY_GB, default_memory_gb()))
 
 
 @dataclass
@@ -56,6 +71,7 @@ class DryRun:
     input_bytes: int = 0
     flops_per_step: float | None = None  # forward + backward, from torch's FLOP counter
     problem: str | None = None  # the first module that failed, in words
+    loss_problem: bool = False  # the forward ran; the loss could not be computed from its output
     failed_module: str | None = None  # its name in model.named_modules()
 
     def training_bytes(self, optimizer_floats_per_param: int) -> int:
@@ -88,6 +104,18 @@ def _nbytes(x: Any) -> int:
     if isinstance(x, dict):
         return sum(_nbytes(v) for v in x.values())
     return 0
+
+
+def describe_output(x: Any) -> str:
+    """'a tensor [16, 10]', 'a dict with keys logits, hidden': what a model returned, in words."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor {list(x.shape)}"
+    if isinstance(x, dict) or hasattr(x, "keys") and callable(x.keys):
+        keys = [str(k) for k in list(x.keys())[:8]]
+        return f"a {type(x).__name__} with keys {', '.join(keys) or '(none)'}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
 
 
 def first_line(exc: BaseException) -> str:
@@ -147,13 +175,17 @@ def dry_run(model: nn.Module, inputs: tuple, loss_fn: Callable | None = None,
                 result.problem = f"the model's forward failed: {first_line(exc)}"
             return result
         result.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
-        if loss_fn is not None and isinstance(output, torch.Tensor):
+        if loss_fn is not None:
             try:
                 loss = loss_fn(output, target)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise TypeError(f"the loss must be a one-element tensor, got {describe_output(loss)}")
                 if loss.requires_grad:
                     loss.backward()
             except Exception as exc:  # noqa: BLE001
-                result.problem = f"the loss cannot be computed on the output {list(output.shape)}: {first_line(exc)}"
+                result.problem = (f"the loss cannot be computed on the model's output "
+                                  f"({describe_output(output)}): {first_line(exc)}")
+                result.loss_problem = True
                 return result
     finally:
         for h in handles:

@@ -98,4 +98,17 @@ def bind_arguments(cls: type, args: list, kwargs: dict) -> tuple[tuple, dict, st
         return (), {}, f"wrong arguments for {cls.__name__}: {exc}{hint}"
     if any(k in bound.arguments for k in _FORBIDDEN_KWARGS):
         return (), {}, f"wrong arguments for {cls.__name__}: too many positional arguments{hint}"
+    for name, value in bound.arguments.items():
+        default = sig.parameters[name].default
+        # true/false where torch expects a size: Python would take it as 1/0 (Linear(4, true))
+        if _has_bool(value) and not isinstance(default, bool) and default is not None:
+            return (), {}, f"{name} of {cls.__name__} is a size, not true/false (got {value!r}){hint}"
+        if _has_bool(value) and default is inspect.Parameter.empty:
+            return (), {}, f"{name} of {cls.__name__} is a size, not true/false (got {value!r}){hint}"
     return args, kwargs, None
+
+
+def _has_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, tuple) and any(isinstance(v, bool) for v in value)

@@ -95,8 +95,23 @@ class _UserBatches:
         return self.split(_to_device(self.raw(batch_size, gen), device))
 
 
+def _own_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model computed itself: a dict / HF ModelOutput with a one-element 'loss' tensor."""
+    if isinstance(output, torch.Tensor) or not hasattr(output, "keys") or "loss" not in output.keys():
+        return None
+    loss = output["loss"]
+    return loss.float().reshape(()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
 def _default_loss(output: Any, target: Any) -> torch.Tensor:
-    """No loss_fn: a scalar output is the loss; else cross-entropy for int targets, mse for float."""
+    """No loss_fn: a scalar output (or a dict's 'loss', HF style) is the loss; else cross-entropy
+    for int targets, mse for float. Any other output needs the file's own loss_fn."""
+    own = _own_loss(output)
+    if own is not None:
+        return own
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"the model returns {estimate.describe_output(output)}, not a tensor, so there "
+                        "is no default loss for it")
     if target is None:
         if isinstance(output, torch.Tensor) and output.numel() == 1:
             return output.float().reshape(())
@@ -115,6 +130,36 @@ class _Build:
         if not isinstance(model, nn.Module):
             raise SpecError(f"build_model() must return a torch.nn.Module, got {type(model).__name__}")
         return model.float()
+
+
+def _check_loss_for_real(path: str, model: nn.Module, make_batch: "_UserBatches", the_loss, batch_size: int,
+                         has_loss_fn: bool) -> None:
+    """When the meta dry run could not show a loss, one real forward (no gradients) must: a check
+    whose every step fails on the loss would otherwise only say 'did not run' after minutes."""
+    try:
+        inputs, target = make_batch(batch_size, torch.device("cpu"), torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            output = model(*inputs)
+    except Exception:  # noqa: BLE001 - the checks report a failing forward, with its module
+        return
+    try:
+        loss = the_loss(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"it returned {estimate.describe_output(loss)}, not a one-element tensor")
+    except Exception as exc:  # noqa: BLE001
+        raise SpecError(f"{path}: refused", [_loss_hint(output, has_loss_fn, estimate.first_line(exc))]) from None
+
+
+def _loss_hint(output: Any, has_loss_fn: bool, why: str) -> str:
+    got = estimate.describe_output(output)
+    if has_loss_fn:
+        return f"loss_fn(output, batch) fails on the model's output ({got}): {why}"
+    example = ("return torch.nn.functional.cross_entropy(output['logits'], batch[1])"
+               if hasattr(output, "keys") else "return <a scalar tensor computed from output and batch>")
+    if isinstance(output, torch.Tensor):
+        return f"the default loss fails on the model's output ({got}): {why}; define loss_fn(output, batch)"
+    return (f"the model returns {got} and the file defines no loss_fn, so no loss can be computed: add `def loss_fn(output, batch):` returning a scalar tensor, e.g. `{example}`, "
+            "or return a 'loss' entry from the model")
 
 
 def load_python_workload(path: str, limits: estimate.Limits) -> Workload:
@@ -157,6 +202,7 @@ def load_python_workload(path: str, limits: estimate.Limits) -> Workload:
     if run is None:
         model = build()
         run = estimate.DryRun(params=estimate.count_params(model))
+        _check_loss_for_real(path, model, make_batch, the_loss, batch_size, has_loss_fn=loss_fn is not None)
         del model
     refusals = estimate.check_limits(run, floats, limits)
     if refusals:

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 KINDS = ("yaml", "preset", "python")
+MAX_READ_CHARS = 1024 * 1024  # more than the YAML size limit, so an oversized file is still refused as such
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class SpecSource:
             return self.value
         try:
             with open(self.value, encoding="utf-8") as fh:
-                return fh.read()
+                return fh.read(MAX_READ_CHARS)  # past the spec size limit, which parse_yaml refuses
         except FileNotFoundError:
             raise SpecError(f"spec file not found: {self.value}") from None
         except (OSError, UnicodeDecodeError) as exc:
