@@ -157,6 +157,9 @@ class Autocast:
     enabled: str  # yes | no | dynamic
     line: int
     col: int
+    # The device came from a variable whose value depends on the machine (`"cuda" if
+    # torch.cuda.is_available() else "cpu"`, a `device` argument): true on CUDA only.
+    conditional: bool = False
 
     @property
     def active(self) -> bool:
@@ -326,6 +329,8 @@ class FileModel:
         self.scaler_passed: set[str] = set()
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
+        self._round_trips: set[int] = set()
+        self.local_scaler_classes: set[str] = set()
         self._collect()
         self.scopes: list[Scope] = []
         self._build_scopes()
@@ -377,9 +382,13 @@ class FileModel:
         if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
             self.scaler_method_keys.add(rk)
         base = chain_base(r)
-        if t in {"half", "bfloat16"} and base:
+        if t == "float" and isinstance(r, ast.Call) and func_tail(r) in {"half", "bfloat16", "to"}:
+            self._round_trips.add(id(r))  # model.half().float(): back in float32 (parents are seen first)
+        if id(node) in self._round_trips:
+            pass
+        elif t in {"half", "bfloat16"} and base:
             self.halved.setdefault(base, node)
-        if t == "to" and base:
+        if t == "to" and base and id(node) not in self._round_trips:
             for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]:
                 if self.dtype_of(a) in {"fp16", "bf16"}:
                     self.halved.setdefault(base, node)
@@ -437,11 +446,33 @@ class FileModel:
                 self.instances[key] = func_tail(inner)
             inner = receiver(inner) if receiver(inner) is not None else (inner.args[0] if inner.args else None)
 
+    def scaler_origin(self, key: str | None) -> str:
+        """'torch' (built by a GradScaler), 'other' (built only by something else: a framework's own
+        `DynamicLossScaler`, a class of this file), or 'unknown' (an argument, an attribute set elsewhere)."""
+        if not key:
+            return "unknown"
+        if key in self.scaler_ctor:
+            return "torch"
+        calls = [_peel(v) for v in self.assigns.get(key, []) if isinstance(_peel(v), ast.Call)]
+        # only constructors tell the origin (`DynamicLossScaler(...)`); `kwargs.get("scaler")` does not
+        if calls and all((func_tail(c) or "")[:1].isupper() and func_tail(c) not in {"GradScaler", "ShardedGradScaler"}
+                         and not self._scaler_subclass(func_tail(c)) for c in calls):
+            return "other"
+        return "unknown"
+
+    def _scaler_subclass(self, name: str | None) -> bool:
+        cls = self.classes.get(name or "")
+        return cls is not None and any("GradScaler" in text(b) for b in cls.bases)
+
     def is_scaler(self, key: str | None) -> bool:
         """Built by GradScaler(...), used with .scale()/.unscale_(), or a `*scaler*` name not built otherwise."""
         if not key:
             return False
-        if key in self.scaler_ctor or key in self.scaler_method_keys:
+        if key in self.scaler_ctor:
+            return True
+        if self.scaler_origin(key) == "other":
+            return False  # e.g. fairseq's DynamicLossScaler: its own scale()/update(), not torch's protocol
+        if key in self.scaler_method_keys:
             return True
         return "scaler" in key.lower() and not _SKLEARN_SCALER.search(key.lower()) and not any(
             isinstance(v, ast.Call) for v in self.assigns.get(key, []))
@@ -510,6 +541,62 @@ class FileModel:
             return self.device_of(self.consts[node.id], depth + 1)
         return "unknown"
 
+    def device_candidates(self, node: ast.AST | None, depth: int = 0) -> set[str]:
+        """Every device a device expression can take, following `str(d)`, `d.type`, `torch.device(...)`,
+        `x if c else y` and every assignment of a name in the file; 'unknown' where a value is opaque."""
+        if node is None or depth > 4:
+            return {"unknown"}
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            d = node.value.split(":")[0].lower()
+            return {d if d in {"cuda", "cpu", "mps", "xpu"} else "unknown"}
+        if isinstance(node, ast.IfExp):
+            return self.device_candidates(node.body, depth + 1) | self.device_candidates(node.orelse, depth + 1)
+        if isinstance(node, ast.Call):
+            t = func_tail(node)
+            if t in {"str", "device"} and node.args:
+                return self.device_candidates(node.args[0], depth + 1)
+            if t == "split" and isinstance(node.func, ast.Attribute):
+                return self.device_candidates(node.func.value, depth + 1)
+            return {"unknown"}
+        if isinstance(node, ast.Subscript):
+            return self.device_candidates(node.value, depth + 1)
+        if isinstance(node, ast.Attribute) and node.attr == "type":
+            return self.device_candidates(node.value, depth + 1)
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            values = self.assigns.get(tail(node) or "", [])
+            if not values:
+                return {"unknown"}
+            out: set[str] = set()
+            for v in values:
+                out |= self.device_candidates(v, depth + 1)
+            return out
+        return {"unknown"}
+
+    @property
+    def moves_to_cuda(self) -> bool:
+        """The script puts something on a CUDA device (`.cuda()`, `.to("cuda")`, `device="cuda"`)."""
+        cached = self.__dict__.get("_moves_to_cuda")
+        if cached is None:
+            cached = any(isinstance(n, ast.Call) and func_tail(n) == "cuda" for n in self.nodes) or any(
+                isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.split(":")[0] == "cuda"
+                for n in self.nodes)
+            self._moves_to_cuda = cached
+        return cached
+
+    def resolve_device(self, node: ast.AST | None) -> tuple[str, bool]:
+        """(device, conditional) of an autocast device argument; conditional when it may also be the CPU."""
+        direct = self.device_of(node)
+        if direct != "unknown" or node is None or isinstance(node, ast.Constant):
+            return direct, False
+        cands = self.device_candidates(node)
+        if cands == {"cuda"}:
+            return "cuda", False
+        if "cuda" in cands or ("unknown" in cands and self.moves_to_cuda):
+            return "cuda", True
+        if cands == {"cpu"}:
+            return "cpu", False
+        return "unknown", False
+
     def is_autocast_callable(self, func: ast.AST) -> bool:
         q = self.names.qual(func) or ""
         return q.endswith("autocast") and (q.startswith("torch") or q == "autocast")
@@ -526,6 +613,7 @@ class FileModel:
             kws = {**{k.arg: k.value for k in extra.keywords if k.arg}, **kws}
         old_cuda = ".cuda.amp" in q
         old_cpu = ".cpu.amp" in q
+        conditional = False
         if not (old_cuda or old_cpu) and q == "autocast":  # unresolved bare name: guess by first arg
             old_cuda = not (("device_type" in kws) or (args and isinstance(args[0], ast.Constant)
                                                        and isinstance(args[0].value, str)))
@@ -534,7 +622,7 @@ class FileModel:
             enabled = kws.get("enabled", args[0] if args else None)
             dtype_node = kws.get("dtype", args[1] if len(args) > 1 else None)
         else:
-            device = self.device_of(kws.get("device_type", args[0] if args else None))
+            device, conditional = self.resolve_device(kws.get("device_type", args[0] if args else None))
             dtype_node = kws.get("dtype", args[1] if len(args) > 1 else None)
             enabled = kws.get("enabled", args[2] if len(args) > 2 else None)
         if dtype_node is None:
@@ -542,7 +630,7 @@ class FileModel:
         else:
             dtype = self.dtype_of(dtype_node)
         en = "yes" if enabled is None or _is_true(enabled) else "no" if _is_false(enabled) else "dynamic"
-        return Autocast(dtype, device, en, call.lineno, call.col_offset)
+        return Autocast(dtype, device, en, call.lineno, call.col_offset, conditional)
 
     def autocast_of_with(self, expr: ast.AST) -> Autocast | None:
         """The autocast region a `with` item opens, if it is one."""
@@ -561,7 +649,7 @@ class FileModel:
         k = tail(expr)
         if k in self.autocast_vars:
             a = self.autocast_vars[k]
-            return Autocast(a.dtype, a.device, a.enabled, expr.lineno, expr.col_offset)
+            return Autocast(a.dtype, a.device, a.enabled, expr.lineno, expr.col_offset, a.conditional)
         if k and "autocast" in k.lower():
             return Autocast("unknown", "unknown", "dynamic", expr.lineno, expr.col_offset)
         return None
@@ -828,7 +916,7 @@ class _Walker:
             self._add(ZERO_GRAD, c, ctx, recv=rk)
             return
         if q in {"torch.save"} or (t == "save" and rk and MANAGED_RE.search(rk)) or \
-                (t and "save" in t.lower() and any(isinstance(a, ast.Dict) for a in c.args)):
+                (t and "save" in t.lower() and c.args and _dict_like(c.args[0])):
             self._add(SAVE, c, ctx, recv=rk, arg=c.args[0] if c.args else None)
             return
         # a call to a helper defined in this file: summarise what it does to the step
@@ -903,7 +991,13 @@ def _is_grad_read(node: ast.Attribute, root: ast.AST) -> bool:
 
 
 def _accum_count(test: ast.AST):
-    """N of an accumulation guard (`(i + 1) % N == 0`), None if a guard of unknown N, False if none."""
+    """N of an accumulation guard (`(i + 1) % N == 0`), None if a guard of unknown N, False if none.
+
+    `if accum_steps > 1:` compares the setting with a constant: it picks a configuration, it does
+    not make its body run every N iterations, so it is no guard."""
+    if isinstance(test, ast.Compare) and all(isinstance(c, ast.Constant) for c in test.comparators) \
+            and isinstance(test.left, (ast.Name, ast.Attribute)):
+        return False
     for n in walk(test):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
             return n.right
@@ -912,6 +1006,13 @@ def _accum_count(test: ast.AST):
         if k and re.search(r"accum|sync_grad", k, re.I):
             return None
     return False
+
+
+def _dict_like(node: ast.AST) -> bool:
+    """What a save helper's first argument looks like when it is a checkpoint: a dict display, a
+    name (`to_save`, `checkpoint`), `dict(...)` or `asdict(state)`."""
+    return isinstance(node, (ast.Dict, ast.Name)) or (
+        isinstance(node, ast.Call) and func_tail(node) in {"dict", "asdict", "vars"})
 
 
 def _peel(value: ast.AST) -> ast.AST:

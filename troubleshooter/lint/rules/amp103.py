@@ -38,8 +38,14 @@ scaler.update()
             return
         for s, ac, node in training_regions(m, ("fp16",), unmanaged=True):
             how = "dtype=torch.float16" if ac.device != "cuda" else "float16 (explicit or CUDA's default dtype)"
-            yield Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
+            hit = Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
                                            "small gradients underflow to zero")
+            if ac.conditional:  # device_type from a variable that is CUDA only on a GPU machine
+                hit.message = ("autocast's device comes from a variable that is CUDA when a GPU is present, and "
+                               "CUDA autocast runs in float16 by default; this training step has no GradScaler: "
+                               "on a GPU small gradients underflow to zero")
+                hit.lowered()
+            yield hit
 
 
 def _only_dead_scaler(m) -> bool:

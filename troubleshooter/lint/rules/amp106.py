@@ -17,16 +17,15 @@ def guarded_ids(m) -> set[int]:
         return cached
     out: set[int] = set()
     for node in m.nodes:
-        guarded = False
         if isinstance(node, (ast.If, ast.IfExp)) and _GUARD_RE.search(text(node.test)):
-            guarded = True
+            out.update(id(n) for n in m.subtree(node))
         elif isinstance(node, ast.Try):
+            # `try: new API / except ImportError: old API` is a fallback; an old import in the try
+            # body itself is what runs on every current torch, so only the handlers are exempt.
             for h in node.handlers:
                 names = {getattr(n, "id", getattr(n, "attr", "")) for n in walk(h.type)} if h.type else {"*"}
                 if names & _FALLBACK_EXC or "*" in names:
-                    guarded = True
-        if guarded:
-            out.update(id(n) for n in m.subtree(node))
+                    out.update(id(n) for st in h.body for n in m.subtree(st))
     m._guarded = out
     return out
 

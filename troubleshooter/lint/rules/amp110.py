@@ -1,37 +1,56 @@
 """AMP110 checkpoint-missing-scaler-state."""
 import ast
+import re
 
 from ..analysis import walk, SAVE, Scope, chain_base, tail, text
 from .base import Hit, Rule
 
 
-def checkpoint_contents(m, scope: Scope, obj: ast.AST | None) -> tuple[list[str], list[ast.AST]] | None:
-    """String keys and value expressions of the dict being saved; None when it cannot be resolved."""
+def _is_none(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) -> tuple[list[str], list[ast.AST]] | None:
+    """String keys and value expressions of the dict being saved; None when it cannot be resolved.
+
+    Follows a name through its dict assignments in the scope (skipping `ckpt = torch.load(...)` and
+    `ckpt = None`, which are other uses of the same name), `ckpt[k] = v`, `ckpt.update(...)`,
+    `dict(...)`, and `asdict(State(...))` / `State(...)` for a class of this file. A key that holds
+    `None` carries no state and is left out."""
+    if depth > 4:
+        return None
     if isinstance(obj, ast.Dict):
-        return [k.value for k in obj.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)], \
-            [v for v in obj.values] + [k for k in obj.keys if k is not None and not isinstance(k, ast.Constant)]
-    if isinstance(obj, ast.Call) and tail(obj.func) == "dict":
-        return [k.arg for k in obj.keywords if k.arg], [k.value for k in obj.keywords] + list(obj.args)
+        pairs = [(k, v) for k, v in zip(obj.keys, obj.values) if not _is_none(v)]
+        return [k.value for k, _ in pairs if isinstance(k, ast.Constant) and isinstance(k.value, str)], \
+            [v for _, v in pairs] + [k for k, _ in pairs if k is not None and not isinstance(k, ast.Constant)]
+    if isinstance(obj, ast.Call) and tail(obj.func) in {"asdict", "vars"} and obj.args:
+        return checkpoint_contents(m, scope, obj.args[0], depth + 1)
+    if isinstance(obj, ast.Call) and (tail(obj.func) == "dict" or tail(obj.func) in m.classes):
+        kws = [k for k in obj.keywords if not _is_none(k.value)]
+        return [k.arg for k in kws if k.arg], [k.value for k in kws] + list(obj.args)
     if isinstance(obj, ast.Name):
         keys, values, found = [], [], False
         for n in m.subtree(scope.node):
             if isinstance(n, ast.Assign):
                 for t in n.targets:
                     if isinstance(t, ast.Name) and t.id == obj.id:
-                        sub = checkpoint_contents(m, scope, n.value)
+                        if _is_none(n.value) or (isinstance(n.value, ast.Call) and tail(n.value.func) == "load"):
+                            continue
+                        sub = checkpoint_contents(m, scope, n.value, depth + 1)
                         if sub is None:
                             return None
                         found = True
                         keys += sub[0]
                         values += sub[1]
-                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == obj.id:
+                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == obj.id \
+                            and not _is_none(n.value):
                         if isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
                             keys.append(t.slice.value)
                         values.append(n.value)
             elif isinstance(n, ast.Call) and tail(n.func) == "update" and isinstance(n.func, ast.Attribute) \
                     and isinstance(n.func.value, ast.Name) and n.func.value.id == obj.id:
                 for a in n.args:
-                    sub = checkpoint_contents(m, scope, a)
+                    sub = checkpoint_contents(m, scope, a, depth + 1)
                     if sub:
                         keys += sub[0]
                         values += sub[1]
@@ -84,16 +103,38 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     saves.append((e, contents))
         if any(any(m.is_scaler(o) for o in state_owners(values)) for _, (_, values) in saves):
             return  # the scaler state is saved somewhere (maybe in its own file)
+        reported = set()
         for e, contents in saves:
             keys, values = contents
+            same = (id(m.scope_of(e.node)), text(e.arg))
+            if same in reported:
+                continue  # `torch.save(ckpt, last)` and `torch.save(ckpt, best)`: one checkpoint, one finding
             owners = state_owners(values)
             has_opt = any(m.is_optimizer(o) for o in owners) or any("optim" in k.lower() for k in keys)
             has_scaler = any(m.is_scaler(o) or "scaler" in o.lower() for o in owners) or \
                 any("scaler" in k.lower() or "amp" in k.lower() for k in keys) or \
                 any(any("scaler" in n.lower() for n in _names(v)) for v in values)
             if has_opt and not has_scaler:
+                reported.add(same)
                 yield Hit.at(e.node, "checkpoint saves optimizer state but not the GradScaler state",
                              f'add `"scaler": {scalers[0]}.state_dict()` to the checkpoint')
+        yield from _checkpointers_without_scaler(m, scalers[0])
+
+
+_CHECKPOINTER = re.compile(r"Checkpointer$|CheckpointSaver$|CheckpointManager$")
+
+
+def _checkpointers_without_scaler(m, scaler: str):
+    """A framework checkpointer handed the optimizer (`DetectionCheckpointer(model, dir, optimizer=opt)`)
+    saves what it is given: without the scaler among its objects, the scaler state is lost."""
+    for n in m.nodes:
+        if not (isinstance(n, ast.Call) and _CHECKPOINTER.search(tail(n.func) or "")):
+            continue
+        given = {k.arg or "" for k in n.keywords}
+        if "optimizer" in given and not any("scal" in g.lower() or "amp" in g.lower() for g in given):
+            yield Hit.at(n, "checkpointer is given the optimizer but not the GradScaler: its checkpoints "
+                            "resume without the loss scale",
+                         f"pass the scaler too (e.g. `scaler={scaler}`), or save `{scaler}.state_dict()` beside it")
 
 
 def _names(node):

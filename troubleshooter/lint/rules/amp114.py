@@ -57,6 +57,8 @@ scaler.update()
                 f = _factor(e.arg)
                 if f is None and isinstance(e.arg, ast.Name):
                     f = self._assigned_factor(_assignments(m, s).get(e.arg.id, []), e.arg.id, e.line)
+                if f is not None and _computed(m, f):
+                    continue  # `loss_scale = batch["weight"].mean()`, `2 ** self.lg_loss_scale`: not a fixed scale
                 if f is not None:
                     yield Hit.at(e.node, f"loss is multiplied by a fixed `{ast.unparse(f)}` before backward "
                                          "(manual loss scaling)")
@@ -74,6 +76,19 @@ scaler.update()
                     and n.target.id == name and _is_scale(n.value):
                 return n.value
         return None
+
+
+def _computed(m, factor: ast.AST) -> bool:
+    """A named factor whose every assignment in the file computes it (a call, a subscript, arithmetic on
+    other names) or that is updated in place: a per-batch weight or a dynamic scale, not a fixed one."""
+    if not isinstance(factor, (ast.Name, ast.Attribute)):
+        return False
+    key = tail(factor)
+    values = m.assigns.get(key or "", [])
+    if any(isinstance(n, ast.AugAssign) and tail(n.target) == key for n in m.nodes):
+        return True
+    return bool(values) and all(not _is_scale(v) and any(isinstance(x, (ast.Call, ast.Subscript, ast.Name, ast.Attribute))
+                                                         for x in walk(v)) for v in values)
 
 
 def _assignments(m, scope) -> dict:

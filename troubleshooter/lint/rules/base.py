@@ -17,10 +17,17 @@ class Hit:
     message: str
     suggestion: str | None = None  # defaults to the rule's `fix`
     data: dict[str, Any] = field(default_factory=dict)
+    # A rule whose finding holds only in some configuration (a device that may be the CPU, an
+    # accumulation count that may be 1) lowers it to "warning"; None keeps the rule's severity.
+    severity: str | None = None
 
     @classmethod
     def at(cls, node: ast.AST, message: str, suggestion: str | None = None, **data: Any) -> "Hit":
         return cls(node.lineno, node.col_offset + 1, message, suggestion, data)
+
+    def lowered(self, severity: str = "warning") -> "Hit":
+        self.severity = severity
+        return self
 
 
 class Rule:
