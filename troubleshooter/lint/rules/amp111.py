@@ -41,12 +41,38 @@ def trained_half_models(m) -> dict[str, ast.AST]:
         scope = m.scope_of(node)
         if scope.is_eval:
             continue
-        lo, hi = scope.node.lineno if scope.name != "<module>" else 0, getattr(scope.node, "end_lineno", 10 ** 9)
-        later_ctor = any(lo <= c.lineno <= hi and c.lineno > node.lineno for cs in m.optimizer_ctor.values() for c in cs)
-        later_step = any(e.kind in (BACKWARD, OPT_STEP) and e.line > node.lineno for e in scope.events)
-        if later_ctor or later_step or (scope.name == "<module>" and _module_trains_later(m, node)):
+        if _trains_after(m, scope, node.lineno) or (scope.name == "<module>" and _module_trains_later(m, node)):
             out[k] = node
+        elif scope.name != "<module>" and _returns(scope.node, k):
+            # `def make_net(): ...; net.half(); return net` and `net = make_net()` elsewhere, then trained
+            for key, call_scope, line in _results_of(m, scope.name):
+                if key in opt_names and key not in m.frozen and not call_scope.is_eval \
+                        and _trains_after(m, call_scope, line):
+                    out[k] = node
+                    break
     return out
+
+
+def _trains_after(m, scope, line: int) -> bool:
+    """An optimizer is built, or backward/step runs, in `scope` after `line`."""
+    lo, hi = scope.node.lineno if scope.name != "<module>" else 0, getattr(scope.node, "end_lineno", 10 ** 9)
+    if any(lo <= c.lineno <= hi and c.lineno > line for cs in m.optimizer_ctor.values() for c in cs):
+        return True
+    return any(e.kind in (BACKWARD, OPT_STEP) and e.line > line for e in scope.events)
+
+
+def _returns(func: ast.AST, key: str) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None and chain_base(n.value) == key for n in walk(func))
+
+
+def _results_of(m, func_name: str):
+    """(assigned key, scope, line) for every `x = func_name(...)` in the file."""
+    for n in m.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and chain_base(n.value.func) == func_name \
+                and not isinstance(n.value.func, ast.Attribute):
+            for t in n.targets:
+                if isinstance(t, (ast.Name, ast.Attribute)):
+                    yield (t.id if isinstance(t, ast.Name) else t.attr), m.scope_of(n), n.lineno
 
 
 def _cast_back(m, key: str) -> bool:
