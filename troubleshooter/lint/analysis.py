@@ -954,6 +954,7 @@ class _Walker:
         key = (id(d), kind)
         cache = self.m.__dict__.setdefault("_def_cache", {})
         if key not in cache:
+            cache[key] = False  # a helper that (indirectly) calls itself adds nothing
             found = False
             for n in self.m.subtree(d):
                 if kind == GRAD and isinstance(n, ast.Attribute) and n.attr == "grad" and \
@@ -967,8 +968,20 @@ class _Walker:
                 # a helper that zeroes or tests grads for None is not a read
                 reads = [n for n in walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
                 found = any(_is_grad_read(n, d) for n in reads)
+            if not found:  # trainer classes nest helpers: step() -> _unscale_and_clip() -> scaler.unscale_
+                found = any(self._def_has(inner, kind) for inner in self._called_defs(d))
             cache[key] = found
         return cache[key]
+
+    def _called_defs(self, d: ast.AST) -> list[ast.AST]:
+        """Functions of this file that `d` calls by name or as `self.method(...)`."""
+        out = []
+        for n in self.m.subtree(d):
+            if isinstance(n, ast.Call):
+                r = receiver(n)
+                if r is None or (isinstance(r, ast.Name) and r.id == "self"):
+                    out += [f for f in self.m.local_defs(func_tail(n)) if f is not d]
+        return out
 
 
 def _grad_of(sub: ast.Subscript) -> ast.Attribute | None:
