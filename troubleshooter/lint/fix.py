@@ -17,7 +17,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from ..findings import Finding
-from .analysis import walk, DEPRECATED, FileModel, text as unparse
+from .analysis import DEPRECATED, FileModel, text as unparse
 from .engine import active_rules, char_col, lint_text
 from .rules.amp106 import guarded_ids
 

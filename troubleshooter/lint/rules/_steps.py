@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..analysis import (walk, BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+from ..analysis import (BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
                         names_in, text)
 
 
@@ -94,9 +94,10 @@ def divides_by(m: FileModel, count: ast.AST | None) -> bool:
 
 def _divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
     """Right-hand sides of every division that can be a loss normalisation (computed once per file)."""
-    cached = m.__dict__.get("_divisions")
-    if cached is not None:
-        return cached
+    return m.memo.get(("divisions",), lambda: _collect_divisions(m))
+
+
+def _collect_divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
 
     def lossy(node: ast.AST) -> bool:
         return any("loss" in n.lower() for n in names_in(node))
@@ -121,7 +122,6 @@ def _divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
         for n in m.subtree(ctx):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
                 out.append((n.right, False))
-    m._divisions = out
     return out
 
 

@@ -12,9 +12,10 @@ _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeEr
 
 def guarded_ids(m) -> set[int]:
     """Nodes inside a version guard: `if torch version ...`, `hasattr(torch.amp, ...)`, try/except ImportError."""
-    cached = m.__dict__.get("_guarded")
-    if cached is not None:
-        return cached
+    return m.memo.get(("amp106_guarded",), lambda: _collect_guarded(m))
+
+
+def _collect_guarded(m) -> set[int]:
     out: set[int] = set()
     for node in m.nodes:
         if isinstance(node, (ast.If, ast.IfExp)) and _GUARD_RE.search(text(node.test)):
@@ -26,7 +27,6 @@ def guarded_ids(m) -> set[int]:
                 names = {getattr(n, "id", getattr(n, "attr", "")) for n in walk(h.type)} if h.type else {"*"}
                 if names & _FALLBACK_EXC or "*" in names:
                     out.update(id(n) for st in h.body for n in m.subtree(st))
-    m._guarded = out
     return out
 
 

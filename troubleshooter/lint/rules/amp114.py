@@ -93,16 +93,16 @@ def _computed(m, factor: ast.AST) -> bool:
 
 def _assignments(m, scope) -> dict:
     """name -> its Assign/AugAssign nodes in the scope, indexed once per scope."""
-    cache = m.__dict__.setdefault("_assign_index", {})
-    key = id(scope.node)
-    if key not in cache:
-        index: dict = {}
-        for n in m.subtree(scope.node):
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if isinstance(t, ast.Name):
-                        index.setdefault(t.id, []).append(n)
-            elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
-                index.setdefault(n.target.id, []).append(n)
-        cache[key] = index
-    return cache[key]
+    return m.memo.get(("amp114_assignments", id(scope.node)), lambda: _index(m, scope))
+
+
+def _index(m, scope) -> dict:
+    index: dict = {}
+    for n in m.subtree(scope.node):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    index.setdefault(t.id, []).append(n)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            index.setdefault(n.target.id, []).append(n)
+    return index

@@ -1,7 +1,7 @@
 """AMP118 private-scaler-api."""
 import ast
 
-from ..analysis import walk, tail, text
+from ..analysis import tail, text
 from .base import Hit, Rule
 
 PRIVATE = {"_scale", "_found_inf_per_device", "_per_optimizer_states", "_growth_tracker", "_init_scale",

@@ -2,7 +2,7 @@
 import ast
 
 from ...hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
-from ..analysis import walk, tail
+from ..analysis import tail
 from .base import Hit, Rule
 
 _LAYERS = {"Linear": ("in_features", "out_features"), "Conv1d": ("in_channels", "out_channels"),

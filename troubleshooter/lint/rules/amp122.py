@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import walk, tail
+from ..analysis import tail
 from ._steps import training_regions
 from .base import Hit, Rule
 
