@@ -31,6 +31,9 @@ scaler.update()
     fix = ("Use `torch.amp.GradScaler(\"cuda\")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
            "`scaler.update()`; or switch to `dtype=torch.bfloat16` if the GPU supports it (no scaler needed).")
 
+    known_problems = 'A scaler built in another file and never named here (`engine.fit(..., amp=True)`) hides the loss scaling from a single-file check, so files with any scaler-like name are skipped. When the autocast device comes from a variable that may be the CPU, the finding is a warning: only the CUDA path runs float16.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)', 'https://pytorch.org/docs/stable/amp.html (Gradient scaling)')
+
     def check(self, m):
         if m.any_scaler and not _only_dead_scaler(m):
             return

@@ -29,6 +29,9 @@ if (i + 1) % accum_steps == 0:
 """
     fix = "Divide the loss by the number of accumulation steps before backward: `loss = loss / accum_steps`."
 
+    known_problems = "A loss summed over the batch by design (YOLOv5's `loss * bs`), or one normalised in another file, is not flagged when the accumulation count has no literal value; a normalisation done inside the model is not seen."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
+
     def check(self, m):
         for s in m.scopes:
             for acc in accumulations(s):

@@ -30,6 +30,9 @@ for i, batch in enumerate(loader):
 """
     fix = "Call `scaler.step(optimizer)` and `scaler.update()` only in the branch that steps the optimizer."
 
+    known_problems = 'A configuration branch (`if accum_steps > 1: ... else: ...`) is not an accumulation guard; each branch is judged on its own.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
+
     def check(self, m):
         for s in m.scopes:
             seen = set()

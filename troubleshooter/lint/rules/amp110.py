@@ -89,6 +89,9 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 """
     fix = 'Add `"scaler": scaler.state_dict()` to the checkpoint and `scaler.load_state_dict(ckpt["scaler"])` on resume.'
 
+    known_problems = "Checkpoints written by a helper of another file, or by a framework whose own checkpointing saves the scaler (Accelerate's `save_state`, Lightning), are not reported. A key that holds `None` carries no state."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
+
     def check(self, m):
         scalers = [k for k in m.scaler_ctor if m.scaler_enabled(k)] or sorted(m.scaler_method_keys)
         if not scalers:

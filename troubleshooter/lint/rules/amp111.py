@@ -128,6 +128,9 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
     fix = ("Keep the model in float32 and use `torch.autocast` for the forward pass (plus GradScaler for float16). "
            "Converting a frozen module (no grad, not in the optimizer) is fine.")
 
+    known_problems = "Deliberate pure-fp16 training with a hand-written master copy (apex O2 style, guided-diffusion's `MixedPrecisionTrainer`) keeps float32 masters in a separate list; the rule skips conversions followed by a float32 copy it can see, and frozen or adapter-only (LoRA) models."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html', 'https://pytorch.org/docs/stable/amp.html')
+
     def check(self, m):
         for key, node in trained_half_models(m).items():
             yield Hit.at(node, f"`{key}` is converted to half precision and then trained: the optimizer updates "

@@ -27,6 +27,9 @@ scaler.update()
 """
     fix = "Call `scaler.unscale_(optimizer)` once, right before the first thing that needs real gradients."
 
+    known_problems = 'An `unscale_` on every micro-batch of accumulation is an error when the count is a literal above 1, a warning otherwise (one micro-batch per step runs it once).'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient clipping)', 'https://pytorch.org/docs/stable/amp.html (GradScaler.unscale_)')
+
     def check(self, m):
         yield from _per_micro_batch(m)
         for s in m.scopes:

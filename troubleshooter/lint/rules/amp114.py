@@ -49,6 +49,9 @@ scaler.update()
 """
     fix = "Use `torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`."
 
+    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported.'
+    references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
+
     def check(self, m):
         for s in m.scopes:
             for e in s.of(BACKWARD):

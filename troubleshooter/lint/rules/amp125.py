@@ -27,6 +27,9 @@ with torch.amp.autocast("cuda", enabled=use_amp):
 """
     fix = 'Pass the device first: `torch.amp.autocast("cuda", ...)` (or `device_type=device.type`).'
 
+    known_problems = 'A call behind `**kwargs` may carry the device and is not reported.'
+    references = ('https://pytorch.org/docs/stable/amp.html (torch.autocast)',)
+
     def check(self, m):
         for n in m.nodes:
             if not isinstance(n, ast.Call) or n.args:
