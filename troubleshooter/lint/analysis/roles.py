@@ -125,6 +125,9 @@ class Roles:
         `DynamicLossScaler`, a class of this file), or 'unknown' (an argument, an attribute set elsewhere)."""
         if not key:
             return "unknown"
+        return self.memo.get(("scaler_origin", key), lambda: self._scaler_origin(key))
+
+    def _scaler_origin(self, key: str) -> str:
         if key in self.scaler_ctor:
             return "torch"
         calls = [peel(v) for v in self.assigns.get(key, []) if isinstance(peel(v), ast.Call)]

@@ -13,8 +13,8 @@ def _is_none(node) -> bool:
 def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) -> tuple[list[str], list[ast.AST]] | None:
     """String keys and value expressions of the dict being saved; None when it cannot be resolved.
 
-    Follows a name through its dict assignments in the scope (skipping `ckpt = torch.load(...)` and
-    `ckpt = None`, which are other uses of the same name), `ckpt[k] = v`, `ckpt.update(...)`,
+    Follows a name through its dict assignments in the scope (skipping `ckpt = torch.load(...)`,
+    `ckpt = None` and other values that are not dicts: other uses of the same name), `ckpt[k] = v`, `ckpt.update(...)`,
     `dict(...)`, and `asdict(State(...))` / `State(...)` for a class of this file. A key that holds
     `None` carries no state and is left out."""
     if depth > 4:
@@ -30,25 +30,20 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
         return [k.arg for k in kws if k.arg], [k.value for k in kws] + list(obj.args)
     if isinstance(obj, ast.Name):
         keys, values, found = [], [], False
-        for n in m.subtree(scope.node):
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if isinstance(t, ast.Name) and t.id == obj.id:
-                        if _is_none(n.value) or (isinstance(n.value, ast.Call) and tail(n.value.func) == "load"):
-                            continue
-                        sub = checkpoint_contents(m, scope, n.value, depth + 1)
-                        if sub is None:
-                            return None
-                        found = True
-                        keys += sub[0]
-                        values += sub[1]
-                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == obj.id \
-                            and not _is_none(n.value):
-                        if isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
-                            keys.append(t.slice.value)
-                        values.append(n.value)
-            elif isinstance(n, ast.Call) and tail(n.func) == "update" and isinstance(n.func, ast.Attribute) \
-                    and isinstance(n.func.value, ast.Name) and n.func.value.id == obj.id:
+        for kind, n in _name_index(m, scope).get(obj.id, []):
+            if kind == "assign":
+                sub = checkpoint_contents(m, scope, n.value, depth + 1)
+                if sub is None:
+                    continue  # `ckpt = torch_load(...)`, `ckpt = None`: other uses of the same name
+                found = True
+                keys += sub[0]
+                values += sub[1]
+            elif kind == "item":
+                t = n.targets[0] if len(n.targets) == 1 else None
+                if t is not None and isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
+                    keys.append(t.slice.value)
+                values.append(n.value)
+            else:  # ckpt.update(...)
                 for a in n.args:
                     sub = checkpoint_contents(m, scope, a, depth + 1)
                     if sub:
@@ -58,6 +53,24 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
                 values += [k.value for k in n.keywords]
         return (keys, values) if found else None
     return None
+
+
+def _name_index(m, scope: Scope) -> dict[str, list[tuple[str, ast.AST]]]:
+    """name -> its dict-building statements in the scope (`x = ...`, `x[k] = v`, `x.update(...)`), once per scope."""
+    def build():
+        index: dict[str, list[tuple[str, ast.AST]]] = {}
+        for n in m.subtree(scope.node):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        index.setdefault(t.id, []).append(("assign", n))
+                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and not _is_none(n.value):
+                        index.setdefault(t.value.id, []).append(("item", n))
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update" \
+                    and isinstance(n.func.value, ast.Name):
+                index.setdefault(n.func.value.id, []).append(("update", n))
+        return index
+    return m.memo.get(("amp110_names", id(scope.node)), build)
 
 
 def state_owners(values) -> set[str]:

@@ -10,7 +10,8 @@ def optimized_names(m) -> set[str]:
     out: set[str] = set()
     for ctors in m.optimizer_ctor.values():
         for c in ctors:
-            args = list(c.args[:1]) + [k.value for k in c.keywords if k.arg in {"params", "model", "model_or_params"}]
+            args = list(c.args[:1]) + [k.value for k in c.keywords
+                                       if k.arg in {"params", "model", "model_or_params"} or k.arg is None]
             for a in args:
                 found = names_in(a)
                 for n in list(found):
