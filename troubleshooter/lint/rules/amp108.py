@@ -1,4 +1,7 @@
 """AMP108 accumulation-loss-not-normalized."""
+import ast
+import re
+
 from ..analysis import text
 from ._steps import accumulations, divides_by
 from .base import Hit, Rule
@@ -29,13 +32,13 @@ if (i + 1) % accum_steps == 0:
 """
     fix = "Divide the loss by the number of accumulation steps before backward: `loss = loss / accum_steps`."
 
-    known_problems = "A loss summed over the batch by design (YOLOv5's `loss * bs`), or one normalised in another file, is not flagged when the accumulation count has no literal value; a normalisation done inside the model is not seen."
+    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. A normalisation done inside the model or in another file is not seen."
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
 
     def check(self, m):
         for s in m.scopes:
             for acc in accumulations(s):
-                if acc.count is None or divides_by(m, acc.count):
+                if acc.count is None or divides_by(m, acc.count) or _summed_by_design(m):
                     continue
                 bw = next((b for b in acc.backwards if not b.managed), None)
                 if bw is None:
@@ -43,3 +46,37 @@ if (i + 1) % accum_steps == 0:
                 n = text(acc.count)
                 yield Hit.at(bw.node, f"gradients are accumulated over `{n}` micro-batches but the loss is never "
                                       f"divided by `{n}`", f"use `loss = loss / {n}` before backward")
+
+
+_BATCH = re.compile(r"^(bs|batch_size|batch|n_samples|num_samples|nb)$|batch_?size", re.I)
+
+
+def _summed_by_design(m) -> bool:
+    """The file sums its loss over samples on purpose: `reduction="sum"`, or a loss multiplied by the batch
+    size (`loss * bs`, or `return (lbox + lobj) * bs` in a loss function or class)."""
+    return m.memo.get(("amp108_summed",), lambda: _find_summed(m))
+
+
+def _find_summed(m) -> bool:
+    for n in m.nodes:
+        if isinstance(n, ast.keyword) and n.arg == "reduction" and isinstance(n.value, ast.Constant) \
+                and n.value.value == "sum":
+            return True
+        if isinstance(n, ast.Return) and isinstance(n.value, (ast.BinOp, ast.Tuple)):
+            value = n.value.elts[0] if isinstance(n.value, ast.Tuple) and n.value.elts else n.value
+            scope = m.scope_of(n)
+            if "loss" in f"{scope.name} {scope.cls or ''}".lower() and _times_batch(value):
+                return True
+        elif isinstance(n, ast.BinOp) and _times_batch(n) and "loss" in text(n).lower():
+            return True
+    return False
+
+
+def _times_batch(n: ast.AST) -> bool:
+    if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
+        return False
+    for side in (n.left, n.right):
+        k = side.id if isinstance(side, ast.Name) else side.attr if isinstance(side, ast.Attribute) else None
+        if k and _BATCH.search(k):
+            return True
+    return False
