@@ -170,3 +170,10 @@ def test_writefile_cell_is_linted_and_bash_cell_skipped(tmp_path):
     raw = (tmp_path / "nb.ipynb").read_text().splitlines()
     raw_line = report.notebook_lines[(path, 2, 5)]
     assert "optimizer.step()" in raw[raw_line - 1]
+
+
+def test_automagic_pip_line_in_a_cell_is_ipython(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "source": ["pip install langchain\n"]},
+                    {"cell_type": "code", "source": ["pip = 3\n", "?torch.amp\n"]}]}
+    report = lint_paths([_write(tmp_path, "nb.ipynb", json.dumps(nb))])
+    assert report.errors == []

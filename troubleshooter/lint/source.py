@@ -69,7 +69,10 @@ def decode_bytes(data: bytes, path: str) -> str:
 
 
 _ASSIGN_MAGIC = re.compile(r"^(\s*)[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")  # files = !ls, t = %timeit -o f()
-_HELP = re.compile(r"^[\w.]+\?\??\s*$")  # obj? / obj??
+_HELP = re.compile(r"^(\?\??[\w.]+|[\w.]+\?\??)\s*$")  # obj? / obj?? / ?obj
+# IPython automagic: `pip install x`, `cd data`, `matplotlib inline` work without `%` in a cell
+_AUTOMAGIC = re.compile(r"^(pip|conda|mamba|cd|pwd|load_ext|reload_ext|matplotlib|autoreload|env|set_env|pinfo)"
+                        r"(\s+(?![=(.\[,:+\-*/%<>!&|^])\S.*)?$")
 
 
 def _blank(line: str) -> str:
@@ -80,7 +83,8 @@ def _blank(line: str) -> str:
 
 def _is_ipython_line(line: str) -> bool:
     s = line.lstrip()
-    return s.startswith(("%", "!")) or bool(_HELP.match(s)) or bool(_ASSIGN_MAGIC.match(line))
+    return s.startswith(("%", "!")) or bool(_HELP.match(s)) or bool(_ASSIGN_MAGIC.match(line)) or (
+        bool(_AUTOMAGIC.match(s)) and s.split()[0] != s.strip() or s.strip() in {"pwd", "cd"})
 
 
 def strip_ipython(lines: list[str], cell: bool = False) -> list[str] | None:
