@@ -25,6 +25,8 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
             [v for _, v in pairs] + [k for k, _ in pairs if k is not None and not isinstance(k, ast.Constant)]
     if isinstance(obj, ast.Call) and tail(obj.func) in {"asdict", "vars"} and obj.args:
         return checkpoint_contents(m, scope, obj.args[0], depth + 1)
+    if isinstance(obj, ast.Call) and _local_call(obj) and tail(obj.func) in m.functions:
+        return _returned_contents(m, tail(obj.func), depth)
     if isinstance(obj, ast.Call) and (tail(obj.func) == "dict" or tail(obj.func) in m.classes):
         kws = [k for k in obj.keywords if not _is_none(k.value)]
         return [k.arg for k in kws if k.arg], [k.value for k in kws] + list(obj.args)
@@ -53,6 +55,27 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
                 values += [k.value for k in n.keywords]
         return (keys, values) if found else None
     return None
+
+
+def _local_call(call: ast.Call) -> bool:
+    """`f(...)` or `self.f(...)`: a call that can reach a function of this file."""
+    return isinstance(call.func, ast.Name) or (
+        isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self")
+
+
+def _returned_contents(m, name: str, depth: int):
+    """What `def name(...)` returns when it builds a dict: `torch.save(self.state_dict(), path)` in a
+    trainer class whose `state_dict()` returns {"model": ..., "optimizer": ...}."""
+    keys, values, found = [], [], False
+    for s in m.by_name.get(name, []):
+        for n in m.subtree(s.node):
+            if isinstance(n, ast.Return) and n.value is not None:
+                sub = checkpoint_contents(m, s, n.value, depth + 1)
+                if sub is not None:
+                    found = True
+                    keys += sub[0]
+                    values += sub[1]
+    return (keys, values) if found else None
 
 
 def _name_index(m, scope: Scope) -> dict[str, list[tuple[str, ast.AST]]]:
