@@ -67,6 +67,7 @@ class FileModel(Roles, AutocastResolution):
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
         self._round_trips: set[int] = set()
+        self._to_calls: list[tuple[str, ast.Call]] = []
         self.local_scaler_classes: set[str] = set()
         self._collect()
         self.scopes: list[Scope] = []

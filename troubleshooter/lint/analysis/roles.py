@@ -43,6 +43,10 @@ class Roles:
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables
         self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
+        for base, node in self._to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
+            if any(self.dtype_of(a) in {"fp16", "bf16"}
+                   for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
+                self.halved.setdefault(base, node)
         for k, values in self.assigns.items():
             for v in values:
                 self._classify_value(k, v)
@@ -63,9 +67,7 @@ class Roles:
         elif t in {"half", "bfloat16"} and base:
             self.halved.setdefault(base, node)
         if t == "to" and base and id(node) not in self._round_trips:
-            for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]:
-                if self.dtype_of(a) in {"fp16", "bf16"}:
-                    self.halved.setdefault(base, node)
+            self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
         if t == "requires_grad_" and r is not None and node.args and is_false(node.args[0]):
             self.frozen.add(tail(r) or "")
         if t == "eval" and r is not None and tail(r):

@@ -31,11 +31,12 @@ def trained_half_models(m) -> dict[str, ast.AST]:
         return {}
     opt_names = optimized_names(m)
     out = {}
+    if _adapter_training(m):
+        return {}  # a half base model with LoRA/PEFT adapters or a requires_grad filter: only adapters train
     candidates = dict(m.halved)
-    if not _adapter_training(m):  # float16 from_pretrained + LoRA/PEFT or a requires_grad filter is fine
-        for k, node in m.halved_pretrained.items():
-            if not _cast_back(m, k):
-                candidates.setdefault(k, node)
+    for k, node in m.halved_pretrained.items():
+        if not _cast_back(m, k):
+            candidates.setdefault(k, node)
     for k, node in candidates.items():
         if k not in opt_names or k in m.frozen:
             continue
