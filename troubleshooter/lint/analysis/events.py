@@ -27,6 +27,7 @@ class EventKind(str, Enum):
     ZERO_GRAD = "zero_grad"
     CALL = "call"
     HELPER_OPT_STEP = "helper_opt_step"  # a call to a local helper that steps an optimizer with no scaler in it
+    HELPER_BACKWARD = "helper_backward"  # a call to a local helper that runs an unmanaged backward (a micro-step)
 
     __hash__ = str.__hash__  # `kind in {"backward", ...}` keeps working
 
@@ -35,7 +36,7 @@ class EventKind(str, Enum):
 
 
 BACKWARD, UNSCALE, CLIP, GRAD, OPT_STEP, SCALER_STEP, UPDATE, SCHED_STEP, SAVE, SCALE, GET_SCALE, ZERO_GRAD, CALL, \
-    HELPER_OPT_STEP = tuple(EventKind)
+    HELPER_OPT_STEP, HELPER_BACKWARD = tuple(EventKind)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
-from .events import (BACKWARD, CLIP, GET_SCALE, GRAD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
+from .events import (BACKWARD, CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
                      SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
 from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
@@ -227,7 +227,7 @@ class Walker:
             return
         # a call to a helper defined in this file: summarise what it does to the step
         defs = m.local_defs(t) if (r is None or rk == "self") else []
-        for kind in (UNSCALE, GRAD, SCALER_STEP, UPDATE):
+        for kind in (HELPER_BACKWARD, UNSCALE, GRAD, SCALER_STEP, UPDATE):
             if any(self._def_has(d, kind) for d in defs):
                 self._add(kind, c, ctx, via_call=t)
         if defs and all(self._plain_step_helper(d) for d in defs):
@@ -264,6 +264,9 @@ class Walker:
                 if kind == GRAD and isinstance(n, ast.Attribute) and n.attr == "grad" and \
                         not isinstance(getattr(n, "ctx", None), ast.Store):
                     found = True
+                elif kind == HELPER_BACKWARD and isinstance(n, ast.Call) and func_tail(n) == "backward":
+                    rk = tail(receiver(n)) if receiver(n) is not None else None
+                    found = not (rk and (MANAGED_RE.search(rk) or rk == "self" or self.m.is_optimizer(rk)))
                 elif isinstance(n, ast.Call) and receiver(n) is not None and self.m.is_scaler(tail(receiver(n))):
                     found = found or {UNSCALE: "unscale_", SCALER_STEP: "step", UPDATE: "update"}.get(kind) == func_tail(n)
                 if found:

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..analysis import (BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
-                        names_in, text)
+from ..analysis import (BACKWARD, HELPER_BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+                        chain_base, names_in, text)
 
 
 def trains(m: FileModel, scope: Scope, unmanaged: bool = False) -> bool:
@@ -42,7 +42,7 @@ class Accumulation:
 def accumulations(scope: Scope) -> list[Accumulation]:
     out: list[Accumulation] = []
     steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
-    bws = scope.of(BACKWARD)
+    bws = scope.of(BACKWARD, HELPER_BACKWARD)  # a micro-step helper (`self.train_step(batch)`) counts
     for g in scope.guards:
         inside = [e for e in steps if g in e.guards]
         if not any(e.kind != ZERO_GRAD for e in inside) and not (inside and _ACCUM_RE.search(text(g.node.test))):
@@ -137,3 +137,17 @@ def scaler_key_for(scope: Scope, m: FileModel) -> str:
             if isinstance(scale_call, ast.Call) and isinstance(scale_call.func, ast.Attribute):
                 return text(scale_call.func.value)
     return "scaler"
+
+
+def always_calls(m: FileModel, helper: str, method: str) -> bool:
+    """Every definition of `helper` calls `<scaler>.<method>(...)` as a top-level statement of its body
+    (not under an `if`): calling the helper runs it."""
+    defs = m.local_defs(helper)
+    if not defs:
+        return False
+    for d in defs:
+        if not any(isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+                   and isinstance(st.value.func, ast.Attribute) and st.value.func.attr == method
+                   and m.is_scaler(chain_base(st.value.func.value)) for st in d.body):
+            return False
+    return True
