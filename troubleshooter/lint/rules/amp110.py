@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import walk, SAVE, Scope, chain_base, tail, text
+from ..analysis import MANAGED_RE, walk, SAVE, Scope, chain_base, tail, text
 from .base import Hit, Rule
 
 
@@ -125,7 +125,11 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 """
     fix = 'Add `"scaler": scaler.state_dict()` to the checkpoint and `scaler.load_state_dict(ckpt["scaler"])` on resume.'
 
-    known_problems = "Checkpoints written by a helper of another file, or by a framework whose own checkpointing saves the scaler (Accelerate's `save_state`, Lightning), are not reported. A key that holds `None` carries no state."
+    known_problems = ("A checkpoint helper imported from another file is judged by its arguments: handed the "
+                      "optimizer and no scaler, it is reported at the call; one that reaches the scaler some other "
+                      "way (a global, an attribute of an argument) is then a false warning. Frameworks whose own "
+                      "checkpointing saves the scaler (Accelerate's `save_state`, Lightning) are not reported. A "
+                      "key that holds `None` carries no state.")
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
 
     def check(self, m):
@@ -158,6 +162,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 yield Hit.at(e.node, "checkpoint saves optimizer state but not the GradScaler state",
                              f'add `"scaler": {scalers[0]}.state_dict()` to the checkpoint')
         yield from _checkpointers_without_scaler(m, scalers[0])
+        yield from _outside_helpers_without_scaler(m, scalers[0])
 
 
 _CHECKPOINTER = re.compile(r"Checkpointer$|CheckpointSaver$|CheckpointManager$")
@@ -182,3 +187,27 @@ def _names(node):
             yield n.id
         elif isinstance(n, ast.Attribute):
             yield n.attr
+
+
+def _outside_helpers_without_scaler(m, scaler: str):
+    """`save_checkpoint(model, optimizer, epoch)` with the helper imported from another file: it is
+    handed the optimizer but not the scaler, so whatever it writes cannot hold the scaler state.
+    Helpers defined in this file are judged by their own `torch.save` instead."""
+    for n in m.nodes:
+        if not isinstance(n, ast.Call):
+            continue
+        name = tail(n.func) or ""
+        if "save" not in name.lower() or name in m.functions or name == "save" or name.startswith("save_image"):
+            continue
+        r = n.func.value if isinstance(n.func, ast.Attribute) else None
+        if r is not None and (MANAGED_RE.search(tail(r) or "") or tail(r) in {"torch", "np", "numpy", "plt", "self"}):
+            continue
+        args = list(n.args) + [k.value for k in n.keywords]
+        keys = [tail(a) for a in args if isinstance(a, (ast.Name, ast.Attribute))]
+        if not any(m.is_optimizer(k) for k in keys if k):
+            continue
+        if any(k and (m.is_scaler(k) or "scal" in k.lower() or "amp" in k.lower()) for k in keys) or \
+                any(k.arg and ("scal" in k.arg.lower() or "amp" in k.arg.lower()) for k in n.keywords):
+            continue
+        yield Hit.at(n, f"`{name}(...)` is handed the optimizer but not the GradScaler: the checkpoint it writes "
+                        "cannot hold the loss scale", f"pass `{scaler}` too and save `{scaler}.state_dict()` in it")
