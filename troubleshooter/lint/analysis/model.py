@@ -93,6 +93,11 @@ class FileModel(Roles, AutocastResolution):
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
 
+    @property
+    def calls(self) -> list[ast.Call]:
+        """Every call in the file, in walk order (several rules scan only calls)."""
+        return self.memo.get(("calls",), lambda: [n for n in self.nodes if n.__class__ is ast.Call])
+
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""
         return self.memo.get(("subtree", id(node)), lambda: walk(node))

@@ -13,22 +13,17 @@ class Roles:
 
     def _collect(self) -> None:
         assign_counts: dict[str, int] = {}
+        Name, Attribute, Call, Assign = ast.Name, ast.Attribute, ast.Call, ast.Assign
         for node in self.nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.functions.setdefault(node.name, []).append(node)
-                for a in node.args.args + node.args.kwonlyargs:
-                    self.identifiers.add(a.arg.lower())
-            elif isinstance(node, ast.ClassDef):
-                self.classes[node.name] = node
-                for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        self.parents_of_func[id(item)] = node
-            elif isinstance(node, ast.Name):
+            cls = node.__class__  # exact-class dispatch, most common first: this loop sees every node
+            if cls is Name:
                 self.identifiers.add(node.id.lower())
-            elif isinstance(node, ast.Attribute):
+            elif cls is Attribute:
                 self.identifiers.add(node.attr.lower())
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            elif cls is Call:
+                self._collect_call(node)
+            elif (cls is Assign or cls is ast.AnnAssign) and node.value is not None:
+                targets = node.targets if cls is Assign else [node.target]
                 for t in targets:
                     for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
                         k = tail(sub)
@@ -37,8 +32,15 @@ class Roles:
                             assign_counts[k] = assign_counts.get(k, 0) + 1
                             if isinstance(sub, ast.Name):
                                 self.consts[k] = node.value
-            elif isinstance(node, ast.Call):
-                self._collect_call(node)
+            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
+                self.functions.setdefault(node.name, []).append(node)
+                for a in node.args.args + node.args.kwonlyargs:
+                    self.identifiers.add(a.arg.lower())
+            elif cls is ast.ClassDef:
+                self.classes[node.name] = node
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.parents_of_func[id(item)] = node
         # a scaler handed to code outside this file may be updated there
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables

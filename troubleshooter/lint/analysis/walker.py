@@ -124,8 +124,10 @@ class Walker:
     def _exprs(self, node: ast.AST, ctx) -> None:
         calls: list[ast.AST] = []
         skip_grad: set[int] = set()
+        Call, Attribute, Compare, Assign = ast.Call, ast.Attribute, ast.Compare, ast.Assign
         for n in walk(node):
-            if isinstance(n, ast.Call):
+            cls = n.__class__  # exact-class dispatch: every node of every statement passes here
+            if cls is Call:
                 calls.append(n)
                 f = n.func
                 if isinstance(f, ast.Attribute):
@@ -140,26 +142,23 @@ class Walker:
                             skip_grad.add(id(g))
                     if f.attr == "grad":
                         skip_grad.add(id(f))  # torch.autograd.grad(...)
-            elif isinstance(n, ast.Attribute) and n.attr == "grad":
-                calls.append(n)
-            elif isinstance(n, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None
+            elif cls is Attribute:
+                if n.attr == "grad":
+                    calls.append(n)
+            elif cls is Compare and any(isinstance(c, ast.Constant) and c.value is None
                                                     for c in n.comparators):
                 for side in [n.left, *n.comparators]:
                     if isinstance(side, ast.Attribute) and side.attr == "grad":
                         skip_grad.add(id(side))
-            elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is None:
+            elif cls is Assign and isinstance(n.value, ast.Constant) and n.value.value is None:
                 for t in n.targets:
                     skip_grad.add(id(t))
-            elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value == 0 \
+            elif cls is Assign and isinstance(n.value, ast.Constant) and n.value.value == 0 \
                     and not isinstance(n.value.value, bool):
                 for t in n.targets:  # p.grad[rows] = 0 freezes rows; zero is scale-invariant
                     g = grad_of(t) if isinstance(t, ast.Subscript) else None
                     if g is not None:
                         skip_grad.add(id(g))
-            elif isinstance(n, ast.Lambda):
-                pass
-        if isinstance(node, (ast.Assign, ast.AugAssign)) and isinstance(node, ast.Assign):
-            pass
         calls.sort(key=lambda c: (c.lineno, c.col_offset))
         for c in calls:
             if isinstance(c, ast.Attribute):

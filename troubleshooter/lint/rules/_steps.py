@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..analysis import (BACKWARD, HELPER_BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+from ..analysis import (BACKWARD, HELPER_BACKWARD, walk, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
                         chain_base, names_in, text)
 
 
@@ -104,23 +104,29 @@ def _collect_divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
 
     out: list[tuple[ast.AST, bool]] = []
     contexts: list[ast.AST] = []
+    Assign, Return, Call, AugAssign, BinOp, Div = ast.Assign, ast.Return, ast.Call, ast.AugAssign, ast.BinOp, ast.Div
     for n in m.nodes:
-        if isinstance(n, ast.Assign) and any(lossy(t) for t in n.targets):
-            contexts.append(n.value)
-        elif isinstance(n, ast.Return) and n.value is not None:
-            contexts.append(n.value)
-        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"backward", "scale"}:
-            contexts.append(n)
-        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and lossy(n.target):
+        cls = n.__class__
+        if cls is Call:
+            attr = getattr(n.func, "attr", None)
+            if attr in {"backward", "scale"}:
+                contexts.append(n)
+            elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
+                out.append((n.args[0], True))
+        elif cls is BinOp:
+            if n.op.__class__ is Div and lossy(n.left):
+                out.append((n.right, True))
+        elif cls is Assign:
+            if any(lossy(t) for t in n.targets):
+                contexts.append(n.value)
+        elif cls is Return:
+            if n.value is not None:
+                contexts.append(n.value)
+        elif cls is AugAssign and n.op.__class__ is Div and lossy(n.target):
             out.append((n.value, True))
-        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} \
-                and n.args and lossy(n.func):
-            out.append((n.args[0], True))
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and lossy(n.left):
-            out.append((n.right, True))
     for ctx in contexts:
-        for n in m.subtree(ctx):
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+        for n in walk(ctx):
+            if n.__class__ is BinOp and n.op.__class__ is Div:
                 out.append((n.right, False))
     return out
 

@@ -65,8 +65,12 @@ with torch.amp.autocast("cuda"):
         return False
 
     def check(self, m):
-        guarded = guarded_ids(m)
-        for node in m.nodes:
+        candidates = [n for n in m.nodes if (n.__class__ is ast.Attribute and n.attr in _OLD_NAMES)
+                      or (n.__class__ is ast.ImportFrom and n.module and ".amp" in n.module)]
+        if not candidates:
+            return
+        guarded = guarded_ids(m)  # version guards are looked for only in files that use an old name
+        for node in candidates:
             if id(node) in guarded:
                 continue
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:

@@ -171,8 +171,8 @@ _CHECKPOINTER = re.compile(r"Checkpointer$|CheckpointSaver$|CheckpointManager$")
 def _checkpointers_without_scaler(m, scaler: str):
     """A framework checkpointer handed the optimizer (`DetectionCheckpointer(model, dir, optimizer=opt)`)
     saves what it is given: without the scaler among its objects, the scaler state is lost."""
-    for n in m.nodes:
-        if not (isinstance(n, ast.Call) and _CHECKPOINTER.search(tail(n.func) or "")):
+    for n in m.calls:
+        if not _CHECKPOINTER.search(tail(n.func) or ""):
             continue
         given = {k.arg or "" for k in n.keywords}
         if "optimizer" in given and not any("scal" in g.lower() or "amp" in g.lower() for g in given):
@@ -193,9 +193,7 @@ def _outside_helpers_without_scaler(m, scaler: str):
     """`save_checkpoint(model, optimizer, epoch)` with the helper imported from another file: it is
     handed the optimizer but not the scaler, so whatever it writes cannot hold the scaler state.
     Helpers defined in this file are judged by their own `torch.save` instead."""
-    for n in m.nodes:
-        if not isinstance(n, ast.Call):
-            continue
+    for n in m.calls:
         name = tail(n.func) or ""
         if "save" not in name.lower() or name in m.functions or name == "save" or name.startswith("save_image"):
             continue

@@ -88,7 +88,8 @@ def _computed(m, factor: ast.AST) -> bool:
         return False
     key = tail(factor)
     values = m.assigns.get(key or "", [])
-    if any(isinstance(n, ast.AugAssign) and tail(n.target) == key for n in m.nodes):
+    if key in m.memo.get(("amp114_augmented",), lambda: {tail(n.target) for n in m.nodes
+                                                          if isinstance(n, ast.AugAssign)}):
         return True
     return bool(values) and all(not _is_scale(v) and any(isinstance(x, (ast.Call, ast.Subscript, ast.Name, ast.Attribute))
                                                          for x in walk(v)) for v in values)

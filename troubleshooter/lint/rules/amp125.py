@@ -31,8 +31,8 @@ with torch.amp.autocast("cuda", enabled=use_amp):
     references = ('https://pytorch.org/docs/stable/amp.html (torch.autocast)',)
 
     def check(self, m):
-        for n in m.nodes:
-            if not isinstance(n, ast.Call) or n.args:
+        for n in m.calls:
+            if n.args:
                 continue
             if any(k.arg is None or k.arg == "device_type" for k in n.keywords):
                 continue  # **kwargs may carry the device
