@@ -25,6 +25,30 @@ def walk(node: ast.AST) -> list[ast.AST]:
     return out
 
 
+def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]]:
+    """`walk(root)` plus each node's children, so later walks of any subtree skip the field lookups."""
+    out = [root]
+    children: dict[int, list[ast.AST]] = {}
+    i = 0
+    AST = ast.AST
+    while i < len(out):
+        n = out[i]
+        i += 1
+        kids = []
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if v.__class__ is list:
+                for x in v:
+                    if isinstance(x, AST):
+                        kids.append(x)
+            elif isinstance(v, AST):
+                kids.append(v)
+        if kids:
+            children[id(n)] = kids
+            out += kids
+    return out, children
+
+
 def tail(node: ast.AST) -> str | None:
     """Last name component: `self.scaler` -> 'scaler', `scaler` -> 'scaler', `f()` -> None."""
     if isinstance(node, ast.Name):

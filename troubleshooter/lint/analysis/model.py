@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Callable
 
-from .astutil import tail, walk
+from .astutil import tail, walk, walk_indexed
 from .autocast import Autocast, AutocastResolution
 from .events import Scope
 from .names import Names
@@ -43,7 +43,7 @@ class FileModel(Roles, AutocastResolution):
         self.tree = tree
         self.source = source
         self.lines = source.splitlines()
-        self.nodes = walk(tree)
+        self.nodes, self._children = walk_indexed(tree)
         self.memo = Memo()
         self.memo.put(("subtree", id(tree)), self.nodes)
         self.names = Names(self.nodes)
@@ -100,7 +100,21 @@ class FileModel(Roles, AutocastResolution):
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""
-        return self.memo.get(("subtree", id(node)), lambda: walk(node))
+        return self.memo.get(("subtree", id(node)), lambda: self.walk(node))
+
+    def walk(self, node: ast.AST) -> list[ast.AST]:
+        """`walk(node)` for a node of this file's tree, from the child lists built once at parse time."""
+        if id(node) not in self._children and not isinstance(node, (ast.Name, ast.Constant)):
+            return walk(node)  # a node made after parsing (or a leaf): walk it directly
+        out = [node]
+        i = 0
+        children = self._children
+        while i < len(out):
+            kids = children.get(id(out[i]))
+            i += 1
+            if kids:
+                out += kids
+        return out
 
     def scope_of(self, node: ast.AST) -> Scope:
         """The innermost function scope whose lines contain `node` (the module scope otherwise)."""

@@ -125,7 +125,7 @@ class Walker:
         calls: list[ast.AST] = []
         skip_grad: set[int] = set()
         Call, Attribute, Compare, Assign = ast.Call, ast.Attribute, ast.Compare, ast.Assign
-        for n in walk(node):
+        for n in self.m.walk(node):
             cls = n.__class__  # exact-class dispatch: every node of every statement passes here
             if cls is Call:
                 calls.append(n)
