@@ -5,10 +5,12 @@ classes, every rule's flagged and clean scripts, concatenated into ~1000-line fi
   - ours, in-process (`lint_paths` on the directory: read, parse, analyse, all 24 rules),
   - ours, the CLI (`python -m troubleshooter lint DIR --format json`, interpreter start included),
   - TorchFix CLI (`torchfix -j 1 DIR`: one process, like ours),
-each the median of --repeat runs, and prints ms per 1000 lines and the ratio.
+  - pyflakes, in-process (`pyflakes.api.checkRecursive`) and its CLI (`python -m pyflakes DIR`):
+    a plain parse-and-scope linter, the floor a single-pass AST linter can hope for,
+each the median of --repeat runs, and prints ms per 1000 lines and the ratios.
 
     python bench/lint_speed.py [--lines 100000] [--repeat 3] [--json out.json]
-TorchFix is optional (`pip install -r requirements-bench.txt`); without it only ours is timed.
+TorchFix and pyflakes are optional (`pip install -r requirements-bench.txt`); without them only ours is timed.
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--skip-torchfix", action="store_true", help="do not time TorchFix (it takes minutes)")
     args = ap.parse_args(argv)
 
     from troubleshooter.lint import lint_paths
@@ -98,7 +101,33 @@ def main(argv=None) -> int:
         startup = [sys.executable, "-m", "troubleshooter", "--version"]
         results["ours_cli_startup_s"] = _median_time(lambda: subprocess.run(startup, capture_output=True, cwd=ROOT),
                                                      args.repeat)
-        tf = shutil.which("torchfix")
+        try:
+            import io
+
+            import pyflakes
+            import pyflakes.api
+            import pyflakes.reporter
+
+            def pyflakes_api():
+                pyflakes.api.checkRecursive([str(tmp)], pyflakes.reporter.Reporter(io.StringIO(), io.StringIO()))
+
+            results["pyflakes_version"] = pyflakes.__version__
+            # Interleaved ours/pyflakes in-process CPU times: on a shared machine load changes between
+            # blocks of runs, so alternate the two tools and compare medians of the alternation.
+            pairs = {"ours": [], "pyflakes": []}
+            for _ in range(max(args.repeat, 5)):
+                for name, fn in (("ours", lambda: lint_paths([str(tmp)])), ("pyflakes", pyflakes_api)):
+                    c0 = time.process_time()
+                    fn()
+                    pairs[name].append(time.process_time() - c0)
+            results["interleaved_cpu_s"] = {k: statistics.median(v) for k, v in pairs.items()}
+            results["pyflakes_api_s"] = _median_time(pyflakes_api, args.repeat, "pyflakes_api")
+            pf_cmd = [sys.executable, "-m", "pyflakes", str(tmp)]
+            results["pyflakes_cli_s"] = _median_time(lambda: subprocess.run(pf_cmd, capture_output=True),
+                                                     args.repeat, "pyflakes_cli")
+        except ImportError:
+            pass
+        tf = None if args.skip_torchfix else shutil.which("torchfix")
         if tf:
             results["torchfix_version"] = subprocess.run([tf, "--version"], capture_output=True, text=True).stdout.strip()
             results["torchfix_j1_s"] = _median_time(
@@ -113,6 +142,22 @@ def main(argv=None) -> int:
           f"  ({results['ours_findings']} findings)")
     print(f"ours (CLI, incl. start)  {results['ours_cli_s']:7.2f} s  {1000 * results['ours_cli_s'] / kl:7.2f} ms/1k lines"
           f"  (CLI start alone {results['ours_cli_startup_s']:.2f} s)")
+    if "pyflakes_api_s" in results:
+        cpu = CPU
+        print(f"pyflakes (API)           {results['pyflakes_api_s']:7.2f} s  "
+              f"{1000 * results['pyflakes_api_s'] / kl:7.2f} ms/1k lines  (pyflakes {results['pyflakes_version']})")
+        print(f"pyflakes (CLI)           {results['pyflakes_cli_s']:7.2f} s  "
+              f"{1000 * results['pyflakes_cli_s'] / kl:7.2f} ms/1k lines")
+        results["cpu_ratio_api_vs_pyflakes"] = cpu["ours_api"] / cpu["pyflakes_api"]
+        results["cpu_ratio_cli_vs_pyflakes"] = cpu["ours_cli"] / cpu["pyflakes_cli"]
+        inter = results["interleaved_cpu_s"]
+        results["cpu_ratio_interleaved_vs_pyflakes"] = inter["ours"] / inter["pyflakes"]
+        print(f"ours/pyflakes CPU time: API {results['cpu_ratio_api_vs_pyflakes']:.2f}, "
+              f"CLI {results['cpu_ratio_cli_vs_pyflakes']:.2f}; interleaved in-process "
+              f"{inter['ours']:.2f} s / {inter['pyflakes']:.2f} s = {results['cpu_ratio_interleaved_vs_pyflakes']:.2f}"
+              "  (target <= 2)")
+    else:
+        print("pyflakes not installed: pip install -r requirements-bench.txt to compare")
     if "torchfix_j1_s" in results:
         print(f"torchfix -j 1            {results['torchfix_j1_s']:7.2f} s  "
               f"{1000 * results['torchfix_j1_s'] / kl:7.2f} ms/1k lines  ({results['torchfix_version']})")

@@ -85,7 +85,7 @@ def test_stdin_and_rules_listing(capsys, monkeypatch):
     code, out, _ = run(capsys, "rules", "amp101")
     assert code == 0 and "scaler.unscale_(optimizer)" in out and "Why it matters" in out
     code, out, _ = run(capsys, "rules", "--format", "json")
-    assert len(json.loads(out)) == 24
+    assert len(json.loads(out)) == 25
 
 
 def test_fix_text_rewrites_deprecated_api_and_inserts_unscale():

@@ -22,12 +22,11 @@ def test_each_bad_input_is_an_error_and_the_rest_is_linted(tmp_path):
         "binary": _write(tmp_path, "blob.py", b"\x00\x01\x02torch\x00"),
         "latin1": _write(tmp_path, "latin.py", b"x = '\xe9t\xe9'\n"),
         "syntax": _write(tmp_path, "broken.py", "import torch\n\ndef f(:\n    pass\n"),
-        "nocode": nb_no_code,
         "malformed": _write(tmp_path, "bad.ipynb", "{not json"),
         "nocells": _write(tmp_path, "nocells.ipynb", json.dumps({"metadata": {}})),
         "missing": str(tmp_path / "nope.py"),
     }
-    report = lint_paths([*inputs.values(), good])
+    report = lint_paths([*inputs.values(), nb_no_code, good])
     assert report.exit_code == 2
     by_path = {e.path: e for e in report.errors}
     assert set(by_path) == set(inputs.values())
@@ -35,7 +34,8 @@ def test_each_bad_input_is_an_error_and_the_rest_is_linted(tmp_path):
     assert "binary" in by_path[inputs["binary"]].message
     assert "UTF-8" in by_path[inputs["latin1"]].message or "utf-8" in by_path[inputs["latin1"]].message
     assert by_path[inputs["syntax"]].line == 3 and "syntax error" in by_path[inputs["syntax"]].message
-    assert "no code cells" in by_path[inputs["nocode"]].message
+    assert nb_no_code not in by_path  # a notes-only notebook is not bad input: a note, exit unaffected
+    assert any("no code cells" in n for n in report.notes)
     assert "malformed notebook" in by_path[inputs["malformed"]].message
     assert "malformed notebook" in by_path[inputs["nocells"]].message
     assert "no such file" in by_path[inputs["missing"]].message
@@ -115,3 +115,65 @@ def test_mutated_scripts_never_crash_the_linter():
         assert report.exit_code in (0, 1, 2)
         if not report.errors:
             fix_text(src)
+
+
+def test_markdown_only_notebook_is_clean_with_a_note(tmp_path):
+    nb = _write(tmp_path, "notes.ipynb", json.dumps({"cells": [{"cell_type": "markdown", "source": ["# AMP\n"]}]}))
+    report = lint_paths([nb])
+    assert report.exit_code == 0 and report.errors == [] and report.findings == []
+    assert report.to_dict()["notes"] == [f"{nb}: notebook has no code cells: nothing to lint"]
+
+
+COLAB_EXPORT = """# -*- coding: utf-8 -*-
+!pip install -q timm \\
+    torchmetrics
+%matplotlib inline
+import torch
+model = Net().cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+%%time
+for x, y in loader:
+    with torch.autocast("cuda"):
+        loss = model(x)
+    loss.backward()
+    optimizer.step()
+files = !ls
+%time evaluate(model)
+"""
+
+
+def test_colab_export_with_shell_and_magic_lines_is_linted_in_place(tmp_path):
+    report = lint_paths([_write(tmp_path, "colab.py", COLAB_EXPORT)])
+    assert report.errors == []
+    assert ("AMP103", 11) in {(f.rule, f.location.line) for f in report.findings}
+
+
+def test_plain_python_syntax_errors_still_reported(tmp_path):
+    report = lint_paths([_write(tmp_path, "bad.py", "import torch\n!pip install x\ndef f(:\n    pass\n")])
+    assert report.exit_code == 2 and report.errors[0].line == 3
+
+
+def test_writefile_cell_is_linted_and_bash_cell_skipped(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": ["# title\n"]},
+        {"cell_type": "code", "source": ["%%bash\n", "pip install x\n", "ls -la | head\n"]},
+        {"cell_type": "code", "source": ["%%writefile train.py\n", "import torch\n",
+                                         "scaler = torch.amp.GradScaler('cuda')\n",
+                                         "scaler.scale(loss).backward()\n", "optimizer.step()\n"]},
+        {"cell_type": "code", "source": ["!python train.py \\\n", "    --epochs 3\n"]},
+    ]}
+    path = _write(tmp_path, "nb.ipynb", json.dumps(nb, indent=1))
+    report = lint_paths([path])
+    assert report.errors == []
+    assert [(f.rule, f.location.cell, f.location.line) for f in report.findings] == [("AMP116", 2, 5)]
+    raw = (tmp_path / "nb.ipynb").read_text().splitlines()
+    raw_line = report.notebook_lines[(path, 2, 5)]
+    assert "optimizer.step()" in raw[raw_line - 1]
+
+
+def test_automagic_pip_line_in_a_cell_is_ipython(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "source": ["pip install langchain\n"]},
+                    {"cell_type": "code", "source": ["pip = 3\n", "?torch.amp\n"]}]}
+    report = lint_paths([_write(tmp_path, "nb.ipynb", json.dumps(nb))])
+    assert report.errors == []

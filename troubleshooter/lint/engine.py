@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, iter_inputs
+from .source import LintError, SourceUnit, iter_inputs, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -28,9 +28,15 @@ class LintReport:
     findings: list[Finding] = field(default_factory=list)
     errors: list[LintError] = field(default_factory=list)
     files: int = 0
+    notes: list[str] = field(default_factory=list)  # e.g. a notebook with no code: nothing to lint, not an error
+    # (path, cell, line in cell) -> line in the raw .ipynb, for annotations GitHub can place
+    notebook_lines: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
+        out = {"findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
 
     @property
     def exit_code(self) -> int:
@@ -42,6 +48,8 @@ class LintReport:
         self.findings += other.findings
         self.errors += other.errors
         self.files += other.files
+        self.notes += other.notes
+        self.notebook_lines.update(other.notebook_lines)
 
 
 def parse_ids(value: str | Iterable[str] | None, option: str) -> list[str] | None:
@@ -86,15 +94,17 @@ def _noqa_codes(line: str) -> set[str] | None:
 
 
 def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
-    report = LintReport(errors=list(unit.errors), files=1)
+    report = LintReport(errors=list(unit.errors), files=1, notes=list(unit.notes))
     if not unit.text.strip():
         return report
     try:
         tree = ast.parse(unit.text, filename=unit.path)
     except SyntaxError as exc:
-        cell, line = unit.locate(exc.lineno or 0)
-        report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
-        return report
+        tree, exc = _parse_ipython_export(unit, exc)
+        if tree is None:
+            cell, line = unit.locate(exc.lineno or 0)
+            report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
+            return report
     except (ValueError, RecursionError, MemoryError) as exc:
         report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
         return report
@@ -121,16 +131,36 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):
                 continue
             cell, line = unit.locate(h.line)
+            if cell is not None and unit.raw_lines and h.line in unit.raw_lines:
+                report.notebook_lines[(unit.path, cell, line)] = unit.raw_lines[h.line]
             col = char_col(src, h.col)
             message = h.message
             if unit.cell_map is not None:  # "line 12" in a message means a line of the joined cells
                 message = _LINE_REF.sub(lambda mt: _cell_ref(unit, int(mt.group(1))), message)
             report.findings.append(Finding(
-                rule=rule.id, name=rule.name, severity=rule.severity, message=message,
+                rule=rule.id, name=rule.name, severity=h.severity or rule.severity, message=message,
                 suggestion=h.suggestion or rule.fix,
                 location=Location(path=unit.path, line=line, column=col, cell=cell), data=dict(h.data)))
     report.findings.sort(key=sort_key)
     return report
+
+
+def _parse_ipython_export(unit: SourceUnit, exc: SyntaxError) -> tuple[ast.Module | None, SyntaxError]:
+    """A `.py` exported from Colab/Kaggle keeps `!pip ...`, `%matplotlib`, `%%time`: read it as IPython
+    (same line numbers) when it is not plain Python. (None, the error to report) when it still fails."""
+    if unit.cell_map is not None:
+        return None, exc
+    text = "\n".join(strip_ipython(unit.text.splitlines())) + "\n"
+    if text.strip() == unit.text.strip():
+        return None, exc
+    try:
+        tree = ast.parse(text, filename=unit.path)
+    except SyntaxError as again:
+        return None, again  # the Python error left once the IPython lines are read as IPython
+    except (ValueError, RecursionError, MemoryError):
+        return None, exc
+    unit.text = text
+    return tree, exc
 
 
 def lint_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> LintReport:

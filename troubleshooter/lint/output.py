@@ -25,6 +25,8 @@ def format_text(report: LintReport) -> str:
     for e in report.errors:
         where = e.path + (f":cell {e.cell}" if e.cell is not None else "") + (f":{e.line}" if e.line else "")
         out.append(f"{where}: error: {e.message}")
+    for note in report.notes:
+        out.append(f"note: {note}")
     counts = {s: sum(1 for f in report.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     n = len(report.findings)
     if n:
@@ -51,12 +53,20 @@ def format_github(report: LintReport) -> str:
     out = []
     for f in report.findings:
         loc = f.location
-        props = f"file={_gh_escape(loc.path or '', True)},line={loc.line},col={loc.column},title={_gh_escape(f'{f.rule} {f.name}', True)}"
-        cell = f" (cell {loc.cell})" if loc.cell is not None else ""
+        line, col = loc.line, loc.column
+        if loc.cell is not None:  # GitHub places annotations on the raw .ipynb lines
+            line = report.notebook_lines.get((loc.path, loc.cell, loc.line), 1)
+            col = None
+        where = f"line={line}" + (f",col={col}" if col else "")
+        props = f"file={_gh_escape(loc.path or '', True)},{where},title={_gh_escape(f'{f.rule} {f.name}', True)}"
+        cell = f" (code cell {loc.cell}, line {loc.line})" if loc.cell is not None else ""
         out.append(f"::{_GH_LEVEL[f.severity.value]} {props}::{_gh_escape(f.message + cell + '. Fix: ' + f.suggestion)}")
     for e in report.errors:
-        props = f"file={_gh_escape(e.path, True)}" + (f",line={e.line}" if e.line else "")
-        out.append(f"::error {props},title=lint input error::{_gh_escape(e.message)}")
+        props = f"file={_gh_escape(e.path, True)}" + (f",line={e.line}" if e.line and e.cell is None else "")
+        cell = f" (code cell {e.cell}, line {e.line})" if e.cell is not None else ""
+        out.append(f"::error {props},title=lint input error::{_gh_escape(e.message + cell)}")
+    for note in report.notes:
+        out.append(f"::notice title=lint note::{_gh_escape(note)}")
     return "\n".join(out) + ("\n" if out else "")
 
 

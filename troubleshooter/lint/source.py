@@ -39,6 +39,9 @@ class SourceUnit:
     # For notebooks: line in `text` (1-based) -> (code-cell number, line within the cell).
     cell_map: dict[int, tuple[int, int]] | None = None
     errors: list[LintError] = field(default_factory=list)
+    # For notebooks: line in `text` -> line in the raw .ipynb (where GitHub can annotate it).
+    raw_lines: dict[int, int] | None = None
+    notes: list[str] = field(default_factory=list)  # said to the user, not an error (exit status unchanged)
 
     def locate(self, line: int) -> tuple[int | None, int]:
         if self.cell_map is None or line not in self.cell_map:
@@ -65,35 +68,92 @@ def decode_bytes(data: bytes, path: str) -> str:
                          "(or declare its encoding with a `# -*- coding: ... -*-` line)") from None
 
 
-def _strip_magics(lines: list[str]) -> list[str] | None:
-    """Blank IPython magics/shell escapes; None when the whole cell is a non-Python cell magic."""
-    out = []
+_ASSIGN_MAGIC = re.compile(r"^(\s*)[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")  # files = !ls, t = %timeit -o f()
+_HELP = re.compile(r"^(\?\??[\w.]+|[\w.]+\?\??)\s*$")  # obj? / obj?? / ?obj
+# IPython automagic: `pip install x`, `cd data`, `matplotlib inline` work without `%` in a cell
+_AUTOMAGIC = re.compile(r"^(pip|conda|mamba|cd|pwd|load_ext|reload_ext|matplotlib|autoreload|env|set_env|pinfo)"
+                        r"(\s+(?![=(.\[,:+\-*/%<>!&|^])\S.*)?$")
+
+
+def _blank(line: str) -> str:
+    """An IPython-only line as Python that keeps the block structure: `pass` where indented, else empty."""
+    indent = line[: len(line) - len(line.lstrip())]
+    return indent + "pass" if indent else ""
+
+
+def _is_ipython_line(line: str) -> bool:
+    s = line.lstrip()
+    return s.startswith(("%", "!")) or bool(_HELP.match(s)) or bool(_ASSIGN_MAGIC.match(line)) or (
+        bool(_AUTOMAGIC.match(s)) and s.split()[0] != s.strip() or s.strip() in {"pwd", "cd"})
+
+
+def strip_ipython(lines: list[str], cell: bool = False) -> list[str] | None:
+    """IPython syntax as people write it -> Python with the same line numbers.
+
+    Shell escapes (`!pip ...`), line magics (`%matplotlib inline`, `x = !ls`), help (`obj?`) and the
+    lines a trailing backslash continues become blank. A cell magic whose body is Python (`%%time`,
+    `%%writefile train.py`) keeps its body; any other (`%%bash`, `%%html`) blanks its body: up to the
+    end of the cell, or in a `.py` export (`cell=False`) up to the next blank line. Returns None when
+    a whole cell is a non-Python cell magic."""
+    out: list[str] = []
+    continued = False
+    skipping = False
     for i, line in enumerate(lines):
         s = line.lstrip()
-        if i == 0 and s.startswith("%%"):
-            name = re.match(r"%%(\w+)", s)
-            if not name or name.group(1) not in _PY_CELL_MAGICS:
-                return None
+        if continued:
             out.append("")
-        elif s.startswith(("%", "!")) or re.match(r"^[\w.]+\?\??\s*$", s):
-            indent = line[: len(line) - len(s)]
-            out.append(indent + "pass" if indent else "")
-        elif re.match(r"^\s*\w+\s*=\s*[%!]", line):  # files = !ls
-            out.append(line[: len(line) - len(s)] + "pass" if line[: len(line) - len(s)] else "")
-        else:
-            out.append(line)
+            continued = line.rstrip().endswith("\\")
+            continue
+        if skipping:
+            if not cell and not s:
+                skipping = False
+            out.append("")
+            continue
+        if s.startswith("%%"):
+            mt = re.match(r"%%(\w+)(.*)", s)
+            name, arg = (mt.group(1), (mt.group(2).split() or [""])[-1]) if mt else ("", "")
+            python_body = name in _PY_CELL_MAGICS or (name in {"writefile", "file"} and arg.endswith(".py"))
+            if not python_body:
+                if cell and i == 0:
+                    return None
+                skipping = True
+            out.append("")
+            continue
+        if _is_ipython_line(line):
+            out.append(_blank(line))
+            continued = line.rstrip().endswith("\\")
+            continue
+        out.append(line)
+    return out
+
+
+def _raw_source_lines(raw: str) -> list[tuple[int, str]]:
+    """(1-based line in the raw .ipynb, decoded JSON string) for every line that holds one string."""
+    out = []
+    for no, line in enumerate(raw.splitlines(), 1):
+        st = line.strip().rstrip(",")
+        if st.startswith('"') and st.endswith('"'):
+            try:
+                out.append((no, json.loads(st)))
+            except json.JSONDecodeError:
+                pass
     return out
 
 
 def notebook_unit(raw: str, path: str) -> SourceUnit:
-    """Concatenate a notebook's code cells (so imports in cell 1 are seen in cell 5)."""
+    """Concatenate a notebook's code cells (so imports in cell 1 are seen in cell 5).
+
+    Cells are numbered among code cells (markdown cells are not counted), as in `cell_map`;
+    `raw_lines` maps each joined line to its line in the .ipynb file, where GitHub shows it."""
     try:
         nb = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("malformed notebook: no 'cells' list")
-    unit = SourceUnit(path=path, text="", cell_map={})
+    unit = SourceUnit(path=path, text="", cell_map={}, raw_lines={})
+    raw_strings = _raw_source_lines(raw)
+    cursor = 0
     pieces: list[str] = []
     line_no = 0
     code_no = 0
@@ -102,12 +162,21 @@ def notebook_unit(raw: str, path: str) -> SourceUnit:
             continue
         code_no += 1
         src = cell.get("source", "")
+        parts = src if isinstance(src, list) else [src]
         if isinstance(src, list):
             src = "".join(s for s in src if isinstance(s, str))
         if not isinstance(src, str):
             unit.errors.append(LintError(path, "malformed notebook cell: source is not text", None, code_no))
             continue
-        lines = _strip_magics(src.splitlines())
+        raw_of: dict[int, int] = {}  # line in the cell -> line in the raw file
+        if isinstance(cell.get("source"), list):
+            for j, part in enumerate(parts):
+                for k in range(cursor, len(raw_strings)):
+                    if raw_strings[k][1] == part:
+                        raw_of[j + 1] = raw_strings[k][0]
+                        cursor = k + 1
+                        break
+        lines = strip_ipython(src.splitlines(), cell=True)
         if lines is None:
             continue
         cell_text = "\n".join(lines) + "\n"
@@ -121,10 +190,12 @@ def notebook_unit(raw: str, path: str) -> SourceUnit:
             continue
         for j in range(len(lines)):
             unit.cell_map[line_no + j + 1] = (code_no, j + 1)
+            if j + 1 in raw_of:
+                unit.raw_lines[line_no + j + 1] = raw_of[j + 1]
         pieces.append(cell_text)
         line_no += len(lines)
     if code_no == 0:
-        raise ValueError("notebook has no code cells: nothing to lint")
+        unit.notes.append(f"{path}: notebook has no code cells: nothing to lint")
     unit.text = "".join(pieces)
     return unit
 

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..analysis import (walk, BACKWARD, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
-                        names_in, text)
+from ..analysis import (BACKWARD, HELPER_BACKWARD, walk, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
+                        chain_base, names_in, text)
 
 
 def trains(m: FileModel, scope: Scope, unmanaged: bool = False) -> bool:
@@ -42,7 +42,7 @@ class Accumulation:
 def accumulations(scope: Scope) -> list[Accumulation]:
     out: list[Accumulation] = []
     steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
-    bws = scope.of(BACKWARD)
+    bws = scope.of(BACKWARD, HELPER_BACKWARD)  # a micro-step helper (`self.train_step(batch)`) counts
     for g in scope.guards:
         inside = [e for e in steps if g in e.guards]
         if not any(e.kind != ZERO_GRAD for e in inside) and not (inside and _ACCUM_RE.search(text(g.node.test))):
@@ -94,34 +94,40 @@ def divides_by(m: FileModel, count: ast.AST | None) -> bool:
 
 def _divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
     """Right-hand sides of every division that can be a loss normalisation (computed once per file)."""
-    cached = m.__dict__.get("_divisions")
-    if cached is not None:
-        return cached
+    return m.memo.get(("divisions",), lambda: _collect_divisions(m))
+
+
+def _collect_divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
 
     def lossy(node: ast.AST) -> bool:
         return any("loss" in n.lower() for n in names_in(node))
 
     out: list[tuple[ast.AST, bool]] = []
     contexts: list[ast.AST] = []
+    Assign, Return, Call, AugAssign, BinOp, Div = ast.Assign, ast.Return, ast.Call, ast.AugAssign, ast.BinOp, ast.Div
     for n in m.nodes:
-        if isinstance(n, ast.Assign) and any(lossy(t) for t in n.targets):
-            contexts.append(n.value)
-        elif isinstance(n, ast.Return) and n.value is not None:
-            contexts.append(n.value)
-        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"backward", "scale"}:
-            contexts.append(n)
-        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and lossy(n.target):
+        cls = n.__class__
+        if cls is Call:
+            attr = getattr(n.func, "attr", None)
+            if attr in {"backward", "scale"}:
+                contexts.append(n)
+            elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
+                out.append((n.args[0], True))
+        elif cls is BinOp:
+            if n.op.__class__ is Div and lossy(n.left):
+                out.append((n.right, True))
+        elif cls is Assign:
+            if any(lossy(t) for t in n.targets):
+                contexts.append(n.value)
+        elif cls is Return:
+            if n.value is not None:
+                contexts.append(n.value)
+        elif cls is AugAssign and n.op.__class__ is Div and lossy(n.target):
             out.append((n.value, True))
-        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in {"div", "div_", "true_divide"} \
-                and n.args and lossy(n.func):
-            out.append((n.args[0], True))
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and lossy(n.left):
-            out.append((n.right, True))
     for ctx in contexts:
-        for n in m.subtree(ctx):
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+        for n in walk(ctx):
+            if n.__class__ is BinOp and n.op.__class__ is Div:
                 out.append((n.right, False))
-    m._divisions = out
     return out
 
 
@@ -137,3 +143,17 @@ def scaler_key_for(scope: Scope, m: FileModel) -> str:
             if isinstance(scale_call, ast.Call) and isinstance(scale_call.func, ast.Attribute):
                 return text(scale_call.func.value)
     return "scaler"
+
+
+def always_calls(m: FileModel, helper: str, method: str) -> bool:
+    """Every definition of `helper` calls `<scaler>.<method>(...)` as a top-level statement of its body
+    (not under an `if`): calling the helper runs it."""
+    defs = m.local_defs(helper)
+    if not defs:
+        return False
+    for d in defs:
+        if not any(isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+                   and isinstance(st.value.func, ast.Attribute) and st.value.func.attr == method
+                   and m.is_scaler(chain_base(st.value.func.value)) for st in d.body):
+            return False
+    return True

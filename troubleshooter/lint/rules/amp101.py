@@ -1,4 +1,6 @@
 """AMP101 clip-before-unscale."""
+import ast
+
 from ..analysis import BACKWARD, CLIP, SCALER_STEP, UNSCALE, compatible, text
 from ._steps import scaler_key_for
 from .base import Hit, Rule
@@ -32,6 +34,22 @@ scaler.step(optimizer)
 scaler.update()
 """
     fix = "Call `scaler.unscale_(optimizer)` right before clipping; `scaler.step` then knows not to unscale again."
+
+    known_problems = "A clip in a helper defined in another file, or inside a framework's optimizer wrapper, is not seen. When the scaled backward and the clip sit in different methods the rule reports only if no caller unscales first."
+    fix_safety = "Safe: `scaler.unscale_(optimizer)` is inserted on the line before the clip only when the optimizer's name is known and the clip is a statement on its own line."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient clipping)', 'https://pytorch.org/docs/stable/amp.html (GradScaler.unscale_)')
+
+    def apply_fix(self, fixer, hit) -> bool:
+        call = fixer.node(hit, ast.Call)
+        opt = hit.data.get("optimizer_known")
+        scaler = hit.data.get("scaler")
+        if call is None or not opt or not scaler:
+            return False
+        st = fixer.own_line_stmt(call)
+        if st is None:
+            return False
+        pos = fixer.src.line_start(st.lineno)
+        return fixer.add(pos, pos, f"{fixer.src.indent(st.lineno)}{scaler}.unscale_({opt})\n")
 
     def check(self, m):
         yield from self._same_scope(m)

@@ -25,6 +25,9 @@ scaler.step(optimizer)
 """
     fix = "Call `scaler.unscale_(optimizer)` before touching `.grad` (or read the grads after `scaler.step`)."
 
+    known_problems = 'A `.grad` read that divides by `scaler.get_scale()` itself is correct; the rule recognises that only in the same expression. Reads in another file are not seen.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Working with unscaled gradients)',)
+
     def check(self, m):
         for s in m.scopes:
             bws = [e for e in s.events if e.kind == BACKWARD and e.scaled and not e.managed

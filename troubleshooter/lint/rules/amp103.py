@@ -31,6 +31,9 @@ scaler.update()
     fix = ("Use `torch.amp.GradScaler(\"cuda\")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
            "`scaler.update()`; or switch to `dtype=torch.bfloat16` if the GPU supports it (no scaler needed).")
 
+    known_problems = 'A scaler built in another file and never named here (`engine.fit(..., amp=True)`) hides the loss scaling from a single-file check, so files with any scaler-like name are skipped. When the autocast device comes from a variable that may be the CPU, the finding is a warning: only the CUDA path runs float16.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)', 'https://pytorch.org/docs/stable/amp.html (Gradient scaling)')
+
     def check(self, m):
         if m.any_scaler and not _only_dead_scaler(m):
             return
@@ -38,8 +41,14 @@ scaler.update()
             return
         for s, ac, node in training_regions(m, ("fp16",), unmanaged=True):
             how = "dtype=torch.float16" if ac.device != "cuda" else "float16 (explicit or CUDA's default dtype)"
-            yield Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
+            hit = Hit(ac.line, ac.col + 1, f"autocast runs in {how} and this training step has no GradScaler: "
                                            "small gradients underflow to zero")
+            if ac.conditional:  # device_type from a variable that is CUDA only on a GPU machine
+                hit.message = ("autocast's device comes from a variable that is CUDA when a GPU is present, and "
+                               "CUDA autocast runs in float16 by default; this training step has no GradScaler: "
+                               "on a GPU small gradients underflow to zero")
+                hit.lowered()
+            yield hit
 
 
 def _only_dead_scaler(m) -> bool:

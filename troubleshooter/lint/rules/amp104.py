@@ -23,6 +23,9 @@ loss.backward()
 """
     fix = "Dedent the backward call (and the optimizer step) out of the `with autocast(...)` block."
 
+    known_problems = "Calling backward inside autocast is allowed by PyTorch and usually harmless; the warning is about ops of the backward's surroundings that run in half precision unintentionally."
+    references = ('https://pytorch.org/docs/stable/amp.html (autocast: backward passes under autocast are not recommended)',)
+
     def check(self, m):
         for s in m.scopes:
             for e in s.of(BACKWARD):

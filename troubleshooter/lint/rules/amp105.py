@@ -25,6 +25,9 @@ scaler.update()
 """
     fix = "Move the backward and the optimizer/scaler step out of the `with autocast(...)` block."
 
+    known_problems = 'An optimizer whose `step()` does its own low-precision math on purpose is still reported.'
+    references = ('https://pytorch.org/docs/stable/amp.html (autocast)',)
+
     def check(self, m):
         for s in m.scopes:
             for e in s.of(OPT_STEP, SCALER_STEP):

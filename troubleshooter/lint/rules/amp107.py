@@ -30,6 +30,9 @@ if scaler.get_scale() >= scale_before:  # the step was not skipped
     fix = ("Compare `scaler.get_scale()` before and after `scaler.update()` and step the scheduler only when the "
            "scale did not drop, or set the LR from the step index instead.")
 
+    known_problems = 'Schedulers that only read the step count (warm-up by iteration) drift by the number of skipped steps, which is small once the scale settles; the warning matters most early in training and for per-iteration schedules.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
+
     def check(self, m):
         for s in m.scopes:
             if s.of(GET_SCALE):

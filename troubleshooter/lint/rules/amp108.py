@@ -1,4 +1,7 @@
 """AMP108 accumulation-loss-not-normalized."""
+import ast
+import re
+
 from ..analysis import text
 from ._steps import accumulations, divides_by
 from .base import Hit, Rule
@@ -29,10 +32,13 @@ if (i + 1) % accum_steps == 0:
 """
     fix = "Divide the loss by the number of accumulation steps before backward: `loss = loss / accum_steps`."
 
+    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`, torchtune's token-count sum with `scale_grads_` at the step) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. A normalisation done inside the model or in another file is not seen."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
+
     def check(self, m):
         for s in m.scopes:
             for acc in accumulations(s):
-                if acc.count is None or divides_by(m, acc.count):
+                if acc.count is None or divides_by(m, acc.count) or _summed_by_design(m):
                     continue
                 bw = next((b for b in acc.backwards if not b.managed), None)
                 if bw is None:
@@ -40,3 +46,49 @@ if (i + 1) % accum_steps == 0:
                 n = text(acc.count)
                 yield Hit.at(bw.node, f"gradients are accumulated over `{n}` micro-batches but the loss is never "
                                       f"divided by `{n}`", f"use `loss = loss / {n}` before backward")
+
+
+_BATCH = re.compile(r"^(bs|batch_size|batch|n_samples|num_samples|nb)$|batch_?size", re.I)
+
+
+def _summed_by_design(m) -> bool:
+    """The file sums its loss over samples on purpose: `reduction="sum"`, a loss multiplied by the batch
+    size (`loss * bs`, or `return (lbox + lobj) * bs` in a loss function or class), or gradients divided
+    at the step (`scale_grads_(params, 1 / num_tokens)`, `p.grad.div_(n)`)."""
+    return m.memo.get(("amp108_summed",), lambda: _find_summed(m))
+
+
+_GRAD_SCALING = re.compile(r"scale_grads?_?$|normali[sz]e_grads?_?$|div_grads?_?$", re.I)
+
+
+def _find_summed(m) -> bool:
+    for n in m.nodes:
+        if isinstance(n, (ast.Name, ast.Attribute)) and _GRAD_SCALING.search(getattr(n, "attr", getattr(n, "id", ""))):
+            return True  # torchtune: sum token losses, then scale_grads_(params, 1 / num_tokens) at the step
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in {"div_", "mul_"} \
+                and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "grad":
+            return True  # p.grad.div_(n_micro): the normalisation is applied to the gradients
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.Mult)) \
+                and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
+            return True
+        if isinstance(n, ast.keyword) and n.arg == "reduction" and isinstance(n.value, ast.Constant) \
+                and n.value.value == "sum":
+            return True
+        if isinstance(n, ast.Return) and isinstance(n.value, (ast.BinOp, ast.Tuple)):
+            value = n.value.elts[0] if isinstance(n.value, ast.Tuple) and n.value.elts else n.value
+            scope = m.scope_of(n)
+            if "loss" in f"{scope.name} {scope.cls or ''}".lower() and _times_batch(value):
+                return True
+        elif isinstance(n, ast.BinOp) and _times_batch(n) and "loss" in text(n).lower():
+            return True
+    return False
+
+
+def _times_batch(n: ast.AST) -> bool:
+    if not (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)):
+        return False
+    for side in (n.left, n.right):
+        k = side.id if isinstance(side, ast.Name) else side.attr if isinstance(side, ast.Attribute) else None
+        if k and _BATCH.search(k):
+            return True
+    return False

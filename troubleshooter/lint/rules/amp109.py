@@ -1,6 +1,6 @@
 """AMP109 scaler-update-per-microbatch."""
 from ..analysis import SCALER_STEP, UPDATE
-from ._steps import accumulations
+from ._steps import accumulations, always_calls
 from .base import Hit, Rule
 
 
@@ -30,14 +30,21 @@ for i, batch in enumerate(loader):
 """
     fix = "Call `scaler.step(optimizer)` and `scaler.update()` only in the branch that steps the optimizer."
 
+    known_problems = 'A configuration branch (`if accum_steps > 1: ... else: ...`) is not an accumulation guard; each branch is judged on its own.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
+
     def check(self, m):
         for s in m.scopes:
             seen = set()
             for acc in accumulations(s):
                 for e in s.of(UPDATE, SCALER_STEP):
-                    if e.via_call or e.line in seen or not acc.per_micro(e):
+                    if e.line in seen or not acc.per_micro(e):
                         continue
-                    seen.add(e.line)
                     what = "scaler.update()" if e.kind == UPDATE else "scaler.step()"
+                    if e.via_call:  # `self.train_step(batch)` per micro-batch, and the helper always updates
+                        if not always_calls(m, e.via_call, "update" if e.kind == UPDATE else "step"):
+                            continue
+                        what = f"{e.via_call}()` calls `{what}"
+                    seen.add(e.line)
                     yield Hit.at(e.node, f"`{what}` runs on every micro-batch of the accumulation loop on line "
                                          f"{acc.node.lineno}")

@@ -10,7 +10,8 @@ def optimized_names(m) -> set[str]:
     out: set[str] = set()
     for ctors in m.optimizer_ctor.values():
         for c in ctors:
-            args = list(c.args[:1]) + [k.value for k in c.keywords if k.arg in {"params", "model", "model_or_params"}]
+            args = list(c.args[:1]) + [k.value for k in c.keywords
+                                       if k.arg in {"params", "model", "model_or_params"} or k.arg is None]
             for a in args:
                 found = names_in(a)
                 for n in list(found):
@@ -30,23 +31,50 @@ def trained_half_models(m) -> dict[str, ast.AST]:
         return {}
     opt_names = optimized_names(m)
     out = {}
+    if _adapter_training(m):
+        return {}  # a half base model with LoRA/PEFT adapters or a requires_grad filter: only adapters train
     candidates = dict(m.halved)
-    if not _adapter_training(m):  # float16 from_pretrained + LoRA/PEFT or a requires_grad filter is fine
-        for k, node in m.halved_pretrained.items():
-            if not _cast_back(m, k):
-                candidates.setdefault(k, node)
+    for k, node in m.halved_pretrained.items():
+        if not _cast_back(m, k):
+            candidates.setdefault(k, node)
     for k, node in candidates.items():
         if k not in opt_names or k in m.frozen:
             continue
         scope = m.scope_of(node)
         if scope.is_eval:
             continue
-        lo, hi = scope.node.lineno if scope.name != "<module>" else 0, getattr(scope.node, "end_lineno", 10 ** 9)
-        later_ctor = any(lo <= c.lineno <= hi and c.lineno > node.lineno for cs in m.optimizer_ctor.values() for c in cs)
-        later_step = any(e.kind in (BACKWARD, OPT_STEP) and e.line > node.lineno for e in scope.events)
-        if later_ctor or later_step or (scope.name == "<module>" and _module_trains_later(m, node)):
+        if _trains_after(m, scope, node.lineno) or (scope.name == "<module>" and _module_trains_later(m, node)):
             out[k] = node
+        elif scope.name != "<module>" and _returns(scope.node, k):
+            # `def make_net(): ...; net.half(); return net` and `net = make_net()` elsewhere, then trained
+            for key, call_scope, line in _results_of(m, scope.name):
+                if key in opt_names and key not in m.frozen and not call_scope.is_eval \
+                        and _trains_after(m, call_scope, line):
+                    out[k] = node
+                    break
     return out
+
+
+def _trains_after(m, scope, line: int) -> bool:
+    """An optimizer is built, or backward/step runs, in `scope` after `line`."""
+    lo, hi = scope.node.lineno if scope.name != "<module>" else 0, getattr(scope.node, "end_lineno", 10 ** 9)
+    if any(lo <= c.lineno <= hi and c.lineno > line for cs in m.optimizer_ctor.values() for c in cs):
+        return True
+    return any(e.kind in (BACKWARD, OPT_STEP) and e.line > line for e in scope.events)
+
+
+def _returns(func: ast.AST, key: str) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None and chain_base(n.value) == key for n in walk(func))
+
+
+def _results_of(m, func_name: str):
+    """(assigned key, scope, line) for every `x = func_name(...)` in the file."""
+    for n in m.nodes:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and chain_base(n.value.func) == func_name \
+                and not isinstance(n.value.func, ast.Attribute):
+            for t in n.targets:
+                if isinstance(t, (ast.Name, ast.Attribute)):
+                    yield (t.id if isinstance(t, ast.Name) else t.attr), m.scope_of(n), n.lineno
 
 
 def _cast_back(m, key: str) -> bool:
@@ -101,6 +129,9 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
 """
     fix = ("Keep the model in float32 and use `torch.autocast` for the forward pass (plus GradScaler for float16). "
            "Converting a frozen module (no grad, not in the optimizer) is fine.")
+
+    known_problems = "Deliberate pure-fp16 training with a hand-written master copy (apex O2 style, guided-diffusion's `MixedPrecisionTrainer`) keeps float32 masters in a separate list; the rule skips conversions followed by a float32 copy it can see, and frozen or adapter-only (LoRA) models."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html', 'https://pytorch.org/docs/stable/amp.html')
 
     def check(self, m):
         for key, node in trained_half_models(m).items():

@@ -2,6 +2,7 @@
 import ast
 
 from ..analysis import UNSCALE, UPDATE, compatible, text
+from ._steps import accumulations
 from .base import Hit, Rule
 
 
@@ -26,7 +27,11 @@ scaler.update()
 """
     fix = "Call `scaler.unscale_(optimizer)` once, right before the first thing that needs real gradients."
 
+    known_problems = 'An `unscale_` on every micro-batch of accumulation is an error when the count is a literal above 1, a warning otherwise (one micro-batch per step runs it once).'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient clipping)', 'https://pytorch.org/docs/stable/amp.html (GradScaler.unscale_)')
+
     def check(self, m):
+        yield from _per_micro_batch(m)
         for s in m.scopes:
             uns = [e for e in s.of(UNSCALE) if not e.via_call or _helper_always_unscales(m, e)]
             updates = s.of(UPDATE)
@@ -61,3 +66,23 @@ def _helper_always_unscales(m, e) -> bool:
                     getattr(st.value.func, "attr", None) == "unscale_":
                 return True
     return False
+
+
+def _per_micro_batch(m):
+    """`unscale_` on every micro-batch of an accumulation loop: the second micro-batch raises
+    "unscale_() has already been called on this optimizer since the last update()"."""
+    for s in m.scopes:
+        for acc in accumulations(s):
+            for e in s.of(UNSCALE):
+                if e.via_call or not acc.per_micro(e) or not any(b.order < e.order for b in acc.backwards):
+                    continue
+                n = acc.count.value if isinstance(acc.count, ast.Constant) else None
+                hit = Hit.at(e.node, f"`unscale_({text(e.arg)})` runs on every micro-batch of the accumulation "
+                                     f"loop on line {acc.node.lineno}: the second micro-batch raises RuntimeError "
+                                     "(unscale_() has already been called since the last update())",
+                             "unscale once, after the last micro-batch's backward and right before clipping")
+                if not (isinstance(n, int) and n > 1):  # with one micro-batch per step it runs once
+                    hit.message += f" whenever `{text(acc.count) or 'the accumulation count'}` > 1"
+                    hit.lowered()
+                yield hit
+                break

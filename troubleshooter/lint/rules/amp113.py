@@ -1,5 +1,7 @@
 """AMP113 step-without-update."""
-from ..analysis import SCALE, SCALER_STEP, UPDATE
+import ast
+
+from ..analysis import SCALE, SCALER_STEP, UPDATE, text
 from .base import Hit, Rule
 
 
@@ -23,6 +25,20 @@ scaler.update()
 optimizer.zero_grad()
 """
     fix = "Call `scaler.update()` once per iteration, right after `scaler.step(optimizer)`."
+
+    known_problems = "A scaler handed to code in another file may be updated there; such scalers are skipped. Loss scalers that are not torch's GradScaler (fairseq's DynamicLossScaler, Megatron's) are recognised by their constructor and left alone."
+    fix_safety = 'Safe: `scaler.update()` is inserted after a `scaler.step(...)` statement on its own line.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
+
+    def apply_fix(self, fixer, hit) -> bool:
+        call = fixer.node(hit, ast.Call)
+        if call is None or getattr(call.func, "attr", None) != "step" or not isinstance(call.func, ast.Attribute):
+            return False
+        st = fixer.own_line_stmt(call)
+        if st is None or not isinstance(st, ast.Expr) or st.value is not call:
+            return False
+        pos = fixer.src.after_line(st.end_lineno)
+        return fixer.add(pos, pos, f"{fixer.src.indent(st.lineno)}{text(call.func.value)}.update()\n")
 
     def check(self, m):
         by_key: dict[str, dict[str, list]] = {}

@@ -49,6 +49,9 @@ scaler.update()
 """
     fix = "Use `torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`."
 
+    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported.'
+    references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
+
     def check(self, m):
         for s in m.scopes:
             for e in s.of(BACKWARD):
@@ -57,6 +60,8 @@ scaler.update()
                 f = _factor(e.arg)
                 if f is None and isinstance(e.arg, ast.Name):
                     f = self._assigned_factor(_assignments(m, s).get(e.arg.id, []), e.arg.id, e.line)
+                if f is not None and _computed(m, f):
+                    continue  # `loss_scale = batch["weight"].mean()`, `2 ** self.lg_loss_scale`: not a fixed scale
                 if f is not None:
                     yield Hit.at(e.node, f"loss is multiplied by a fixed `{ast.unparse(f)}` before backward "
                                          "(manual loss scaling)")
@@ -76,18 +81,32 @@ scaler.update()
         return None
 
 
+def _computed(m, factor: ast.AST) -> bool:
+    """A named factor whose every assignment in the file computes it (a call, a subscript, arithmetic on
+    other names) or that is updated in place: a per-batch weight or a dynamic scale, not a fixed one."""
+    if not isinstance(factor, (ast.Name, ast.Attribute)):
+        return False
+    key = tail(factor)
+    values = m.assigns.get(key or "", [])
+    if key in m.memo.get(("amp114_augmented",), lambda: {tail(n.target) for n in m.nodes
+                                                          if isinstance(n, ast.AugAssign)}):
+        return True
+    return bool(values) and all(not _is_scale(v) and any(isinstance(x, (ast.Call, ast.Subscript, ast.Name, ast.Attribute))
+                                                         for x in walk(v)) for v in values)
+
+
 def _assignments(m, scope) -> dict:
     """name -> its Assign/AugAssign nodes in the scope, indexed once per scope."""
-    cache = m.__dict__.setdefault("_assign_index", {})
-    key = id(scope.node)
-    if key not in cache:
-        index: dict = {}
-        for n in m.subtree(scope.node):
-            if isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if isinstance(t, ast.Name):
-                        index.setdefault(t.id, []).append(n)
-            elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
-                index.setdefault(n.target.id, []).append(n)
-        cache[key] = index
-    return cache[key]
+    return m.memo.get(("amp114_assignments", id(scope.node)), lambda: _index(m, scope))
+
+
+def _index(m, scope) -> dict:
+    index: dict = {}
+    for n in m.subtree(scope.node):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    index.setdefault(t.id, []).append(n)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            index.setdefault(n.target.id, []).append(n)
+    return index

@@ -1,4 +1,6 @@
 """AMP115 unscaled-backward-with-scaler."""
+import ast
+
 from ..analysis import BACKWARD, SCALER_STEP, compatible, text
 from .base import Hit, Rule
 
@@ -22,6 +24,19 @@ scaler.step(optimizer)
 scaler.update()
 """
     fix = "Run backward on the scaled loss: `scaler.scale(loss).backward()`."
+
+    known_problems = 'Two scalers used for two losses under different names are tracked by name; an unscaled backward of an auxiliary loss that never reaches the scaled optimizer is still reported.'
+    fix_safety = "Safe: `loss.backward()` becomes `scaler.scale(loss).backward()` with the scaler's name from the file."
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
+
+    def apply_fix(self, fixer, hit) -> bool:
+        call = fixer.node(hit, ast.Call)
+        scaler = hit.data.get("scaler")
+        if call is None or not scaler or not isinstance(call.func, ast.Attribute) or call.func.attr != "backward":
+            return False
+        target = call.func.value
+        start, end = fixer.src.span(target)
+        return fixer.add(start, end, f"{scaler}.scale({fixer.src.text[start:end]})")
 
     def check(self, m):
         for s in m.scopes:

@@ -25,6 +25,20 @@ scaler.update()
 """
     fix = "Replace `optimizer.step()` with `scaler.step(optimizer)` followed by `scaler.update()`."
 
+    known_problems = 'A custom optimizer wrapper that unscales inside its own `step()` is not recognised when defined in another file.'
+    fix_safety = 'Safe: made only when `scaler.update()` already follows, so the step/update pair stays whole.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
+
+    def apply_fix(self, fixer, hit) -> bool:
+        call = fixer.node(hit, ast.Call)
+        scaler = hit.data.get("scaler")
+        if call is None or not scaler or not hit.data.get("update_follows") or call.args or call.keywords \
+                or not isinstance(call.func, ast.Attribute) or call.func.attr != "step":
+            return False
+        start, end = fixer.src.span(call)
+        opt_start, opt_end = fixer.src.span(call.func.value)
+        return fixer.add(start, end, f"{scaler}.step({fixer.src.text[opt_start:opt_end]})")
+
     def check(self, m):
         for s in m.scopes:
             for h, b in self._helper_hits(s, m):

@@ -105,6 +105,9 @@ loss = torch.nn.functional.cross_entropy(logits.float(), y)
     fix = ("Use `log_softmax` / `cross_entropy` / `logsumexp`, or compute the risky part in float32: "
            '`with torch.autocast("cuda", enabled=False): y = torch.exp(x.float())`.')
 
+    known_problems = 'Only the ops the rule knows (`exp`, `log`, `pow` with large exponents, manual softmax->log) in code of the same file are checked; autocast already runs many of them in float32.'
+    references = ('https://pytorch.org/docs/stable/amp.html (Autocast op reference)',)
+
     def check(self, m):
         roots: list[ast.AST] = []
         seen_regions = set()

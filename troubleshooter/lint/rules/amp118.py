@@ -1,7 +1,7 @@
 """AMP118 private-scaler-api."""
 import ast
 
-from ..analysis import walk, tail, text
+from ..analysis import tail, text
 from .base import Hit, Rule
 
 PRIVATE = {"_scale", "_found_inf_per_device", "_per_optimizer_states", "_growth_tracker", "_init_scale",
@@ -26,6 +26,9 @@ if scaler.get_scale() < 1.0:
 """
     fix = ("Use `scaler.get_scale()`, `scaler.state_dict()`, `scaler.is_enabled()`, `get_growth_factor()`; to "
            "detect a skipped step compare `get_scale()` before and after `update()`.")
+
+    known_problems = 'Private members may be read on purpose for logging; the warning is that they change between releases.'
+    references = ('https://pytorch.org/docs/stable/amp.html (GradScaler)',)
 
     def check(self, m):
         lines = set()

@@ -22,6 +22,9 @@ optimizer.step()
 """
     fix = 'Drop the scaler for bf16, or enable it only for float16: `GradScaler("cuda", enabled=(dtype == torch.float16))`.'
 
+    known_problems = 'A scaler enabled by a runtime flag is not reported: the flag may select float16.'
+    references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
+
     def check(self, m):
         regions = [ac for s in m.scopes for ac, _, nograd in s.regions if ac.active and not nograd]
         if not regions or any(ac.dtype != "bf16" for ac in regions):

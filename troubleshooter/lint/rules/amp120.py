@@ -31,6 +31,9 @@ class MyOp(torch.autograd.Function):
 """
     fix = 'Decorate `forward` with `@torch.amp.custom_fwd(device_type="cuda")` and `backward` with `@torch.amp.custom_bwd(device_type="cuda")`.'
 
+    known_problems = 'Functions whose forward and backward are dtype-agnostic need no decorators; the note is informational.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Autocast and custom autograd functions)',)
+
     def check(self, m):
         uses_autocast = bool(m.autocast_vars or m.autocast_factories) or any(s.regions for s in m.scopes)
         if not uses_autocast:

@@ -2,7 +2,7 @@
 import ast
 
 from ...hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
-from ..analysis import walk, tail
+from ..analysis import tail
 from .base import Hit, Rule
 
 _LAYERS = {"Linear": ("in_features", "out_features"), "Conv1d": ("in_channels", "out_channels"),
@@ -28,6 +28,9 @@ self.lm_head = nn.Linear(768, 50257)
 self.lm_head = nn.Linear(768, 50304)  # vocab padded to a multiple of 64
 """
     fix = "Pad the dimension to the suggested multiple (unused vocabulary rows/extra channels cost little)."
+
+    known_problems = 'Sizes computed at run time are not seen; literal sizes that the GPU pads anyway cost little.'
+    references = ('https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html',)
 
     def check(self, m):
         for n in m.nodes:

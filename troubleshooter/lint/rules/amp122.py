@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import walk, tail
+from ..analysis import tail
 from ._steps import training_regions
 from .base import Hit, Rule
 
@@ -33,6 +33,9 @@ with torch.autocast("cuda", dtype=torch.bfloat16):  # or keep BN in float32
 """
     fix = ("Prefer bfloat16 autocast on GPUs that support it, or watch the skip rate and BN running statistics; "
            "GroupNorm/LayerNorm are less sensitive.")
+
+    known_problems = 'autocast already runs batch norm in float32; the note is about the float16 activations around it.'
+    references = ('https://pytorch.org/docs/stable/amp.html (Autocast op reference)',)
 
     def check(self, m):
         if not any(True for _ in training_regions(m, ("fp16",))):

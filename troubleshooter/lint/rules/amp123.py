@@ -26,6 +26,9 @@ optimizer.step()
 """
     fix = "Check `torch.isfinite(loss)` each step (or every N steps) and stop or skip the step when it fails."
 
+    known_problems = 'A check done in a helper of another file, or by a framework, is not seen.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html',)
+
     def check(self, m):
         if m.has_isfinite:
             return

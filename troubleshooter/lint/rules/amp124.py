@@ -22,6 +22,9 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
 """
     fix = "Keep float32 master weights (autocast instead of `.half()`) and checkpoint those; export a half copy separately for inference."
 
+    known_problems = 'Exports for inference (a separate half copy) are fine; the rule looks for a half state dict saved with optimizer state.'
+    references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
+
     def check(self, m):
         if not m.halved:
             return

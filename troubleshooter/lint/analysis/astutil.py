@@ -1,0 +1,147 @@
+"""Small AST helpers every part of the analysis uses: fast walk, names, keyword arguments."""
+from __future__ import annotations
+
+import ast
+
+from .vocab import ZEROING
+
+
+def walk(node: ast.AST) -> list[ast.AST]:
+    """All nodes under `node` (itself first), as a list: ~2x faster than `ast.walk`'s generator."""
+    out = [node]
+    i = 0
+    AST = ast.AST
+    while i < len(out):
+        n = out[i]
+        i += 1
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if v.__class__ is list:
+                for x in v:
+                    if isinstance(x, AST):
+                        out.append(x)
+            elif isinstance(v, AST):
+                out.append(v)
+    return out
+
+
+def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]]:
+    """`walk(root)` plus each node's children, so later walks of any subtree skip the field lookups."""
+    out = [root]
+    children: dict[int, list[ast.AST]] = {}
+    i = 0
+    AST = ast.AST
+    while i < len(out):
+        n = out[i]
+        i += 1
+        kids = []
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if v.__class__ is list:
+                for x in v:
+                    if isinstance(x, AST):
+                        kids.append(x)
+            elif isinstance(v, AST):
+                kids.append(v)
+        if kids:
+            children[id(n)] = kids
+            out += kids
+    return out, children
+
+
+def tail(node: ast.AST) -> str | None:
+    """Last name component: `self.scaler` -> 'scaler', `scaler` -> 'scaler', `f()` -> None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def chain_base(node: ast.AST | None) -> str | None:
+    """`model.cuda().half()` -> 'model': the object at the root of a method-call chain."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        node = node.func.value
+    return tail(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+
+
+def func_tail(call: ast.Call) -> str | None:
+    return tail(call.func)
+
+
+def receiver(call: ast.Call) -> ast.AST | None:
+    return call.func.value if isinstance(call.func, ast.Attribute) else None
+
+
+def text(node: ast.AST | None) -> str:
+    if node is None:
+        return ""
+    try:
+        return ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every parsed node
+        return ""
+
+
+def names_in(node: ast.AST | None) -> set[str]:
+    """Every Name id and attribute name mentioned in an expression."""
+    out: set[str] = set()
+    if node is None:
+        return out
+    for n in walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+
+def grad_of(sub: ast.Subscript) -> ast.Attribute | None:
+    """The `.grad` attribute under `x.grad[...]` / `x.grad.data[...]`, or None."""
+    v = sub.value
+    if isinstance(v, ast.Attribute) and v.attr == "data":
+        v = v.value
+    return v if isinstance(v, ast.Attribute) and v.attr == "grad" else None
+
+
+def is_grad_read(node: ast.Attribute, root: ast.AST) -> bool:
+    for parent in walk(root):
+        if isinstance(parent, ast.Compare) and (parent.left is node or node in parent.comparators):
+            return False
+        if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in ZEROING | {"data"}:
+            return parent.attr == "data"
+        if isinstance(parent, ast.Assign) and node in parent.targets:
+            return False
+    return True
+
+
+
+def dict_like(node: ast.AST) -> bool:
+    """What a save helper's first argument looks like when it is a checkpoint: a dict display, a
+    name (`to_save`, `checkpoint`), `dict(...)` or `asdict(state)`."""
+    return isinstance(node, (ast.Dict, ast.Name)) or (
+        isinstance(node, ast.Call) and func_tail(node) in {"dict", "asdict", "vars"})
+
+
+def peel(value: ast.AST) -> ast.AST:
+    return value.value if isinstance(value, ast.Await) else value
+
+
+def kwarg(call: ast.Call, name: str) -> ast.AST | None:
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    return None
+
+
+def kw_is_false(call: ast.Call, name: str) -> bool:
+    v = kwarg(call, name)
+    return v is not None and is_false(v)
+
+
+def is_false(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in (False, 0) and node.value is not None
+
+
+def is_true(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True

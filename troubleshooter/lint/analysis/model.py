@@ -1,0 +1,135 @@
+"""FileModel: everything rules ask about one file, computed once from its parse tree."""
+from __future__ import annotations
+
+import ast
+from typing import Any, Callable
+
+from .astutil import tail, walk, walk_indexed
+from .autocast import Autocast, AutocastResolution
+from .events import Scope
+from .names import Names
+from .roles import Roles
+from .walker import Walker
+
+
+class Memo:
+    """The one cache of derived facts for a file (helper summaries, subtrees, rule indexes).
+
+    Keys are tuples naming what is cached; living on the FileModel, it dies with the file."""
+
+    def __init__(self):
+        self._data: dict[tuple, Any] = {}
+
+    def get(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        if key not in self._data:
+            self._data[key] = compute()
+        return self._data[key]
+
+    def has(self, key: tuple) -> bool:
+        return key in self._data
+
+    def peek(self, key: tuple) -> Any:
+        return self._data[key]
+
+    def put(self, key: tuple, value: Any) -> Any:
+        self._data[key] = value
+        return value
+
+
+class FileModel(Roles, AutocastResolution):
+    """Everything rules ask about one file, computed once."""
+
+    def __init__(self, tree: ast.Module, source: str):
+        self.tree = tree
+        self.source = source
+        self.lines = source.splitlines()
+        self.nodes, self._children = walk_indexed(tree)
+        self.memo = Memo()
+        self.memo.put(("subtree", id(tree)), self.nodes)
+        self.names = Names(self.nodes)
+        self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
+        self.consts: dict[str, ast.AST] = {}
+        self.functions: dict[str, list[ast.AST]] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.parents_of_func: dict[int, ast.ClassDef] = {}
+        self.scaler_ctor: dict[str, list[ast.Call]] = {}
+        self.optimizer_ctor: dict[str, list[ast.Call]] = {}
+        self.scheduler_keys: set[str] = set()
+        self.autocast_vars: dict[str, Autocast] = {}
+        self.autocast_factories: dict[str, ast.Call] = {}
+        self.halved: dict[str, ast.AST] = {}
+        self.halved_pretrained: dict[str, ast.AST] = {}
+        self.frozen: set[str] = set()
+        self.instances: dict[str, str] = {}  # key -> local class name
+        self.identifiers: set[str] = set()
+        self.scaler_method_keys: set[str] = set()
+        self.scaler_passed: set[str] = set()
+        self._passed_to: list[tuple[str, str | None]] = []
+        self.has_isfinite = False
+        self._round_trips: set[int] = set()
+        self._to_calls: list[tuple[str, ast.Call]] = []
+        self.local_scaler_classes: set[str] = set()
+        self._collect()
+        self.scopes: list[Scope] = []
+        self._build_scopes()
+
+
+    def _build_scopes(self) -> None:
+        self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
+        for node in self.nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                cls = self.parents_of_func.get(id(node))
+                scope = Scope(node, node.name, cls.name if cls else None)
+                regions: list[Autocast] = []
+                for d in node.decorator_list:
+                    if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
+                                             tail(d) in {"no_grad", "inference_mode"}):
+                        scope.nograd_func = True
+                    ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
+                    if ac is not None:
+                        regions.append(ac)
+                self.scopes.append(Walker(self, scope, tuple(regions)).run(node.body))
+        self.by_name: dict[str, list[Scope]] = {}
+        for s in self.scopes:
+            self.by_name.setdefault(s.name, []).append(s)
+
+    @property
+    def calls(self) -> list[ast.Call]:
+        """Every call in the file, in walk order (several rules scan only calls)."""
+        return self.memo.get(("calls",), lambda: [n for n in self.nodes if n.__class__ is ast.Call])
+
+    def subtree(self, node: ast.AST) -> list[ast.AST]:
+        """Cached `walk(node)` for scopes and defs that several rules search."""
+        return self.memo.get(("subtree", id(node)), lambda: self.walk(node))
+
+    def walk(self, node: ast.AST) -> list[ast.AST]:
+        """`walk(node)` for a node of this file's tree, from the child lists built once at parse time."""
+        if id(node) not in self._children and not isinstance(node, (ast.Name, ast.Constant)):
+            return walk(node)  # a node made after parsing (or a leaf): walk it directly
+        out = [node]
+        i = 0
+        children = self._children
+        while i < len(out):
+            kids = children.get(id(out[i]))
+            i += 1
+            if kids:
+                out += kids
+        return out
+
+    def scope_of(self, node: ast.AST) -> Scope:
+        """The innermost function scope whose lines contain `node` (the module scope otherwise)."""
+        best = self.scopes[0]
+        size = None
+        for s in self.scopes[1:]:
+            lo, hi = s.node.lineno, getattr(s.node, "end_lineno", s.node.lineno)
+            if lo <= node.lineno <= hi and (size is None or hi - lo < size):
+                best, size = s, hi - lo
+        return best
+
+    def callers(self, scope: Scope) -> list[Scope]:
+        return [s for s in self.scopes if scope.name in s.calls and s is not scope]
+
+    def local_defs(self, name: str | None) -> list[ast.AST]:
+        return self.functions.get(name or "", [])
+
+

@@ -1,0 +1,194 @@
+"""Roles of objects by construction: GradScalers, optimizers, schedulers, half models, autocast objects."""
+from __future__ import annotations
+
+import ast
+import re
+
+from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwarg, peel, receiver, tail, text
+from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
+
+
+class Roles:
+    """FileModel's part that collects names, assignments and what each object is."""
+
+    def _collect(self) -> None:
+        assign_counts: dict[str, int] = {}
+        Name, Attribute, Call, Assign = ast.Name, ast.Attribute, ast.Call, ast.Assign
+        for node in self.nodes:
+            cls = node.__class__  # exact-class dispatch, most common first: this loop sees every node
+            if cls is Name:
+                self.identifiers.add(node.id.lower())
+            elif cls is Attribute:
+                self.identifiers.add(node.attr.lower())
+            elif cls is Call:
+                self._collect_call(node)
+            elif (cls is Assign or cls is ast.AnnAssign) and node.value is not None:
+                targets = node.targets if cls is Assign else [node.target]
+                for t in targets:
+                    for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        k = tail(sub)
+                        if k:
+                            self.assigns.setdefault(k, []).append(node.value)
+                            assign_counts[k] = assign_counts.get(k, 0) + 1
+                            if isinstance(sub, ast.Name):
+                                self.consts[k] = node.value
+            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
+                self.functions.setdefault(node.name, []).append(node)
+                for a in node.args.args + node.args.kwonlyargs:
+                    self.identifiers.add(a.arg.lower())
+            elif cls is ast.ClassDef:
+                self.classes[node.name] = node
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.parents_of_func[id(item)] = node
+        # a scaler handed to code outside this file may be updated there
+        self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
+        # consts: names assigned exactly once, used to resolve dtype/device variables
+        self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
+        for base, node in self._to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
+            if any(self.dtype_of(a) in {"fp16", "bf16"}
+                   for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
+                self.halved.setdefault(base, node)
+        for k, values in self.assigns.items():
+            for v in values:
+                self._classify_value(k, v)
+
+    def _collect_call(self, node: ast.Call) -> None:
+        t = func_tail(node)
+        r = receiver(node)
+        rk = tail(r) if r is not None else None
+        if t in {"isfinite", "isnan", "isinf", "nan_to_num", "isfinite_", "all_finite"}:
+            self.has_isfinite = True
+        if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
+            self.scaler_method_keys.add(rk)
+        base = chain_base(r)
+        if t == "float" and isinstance(r, ast.Call) and func_tail(r) in {"half", "bfloat16", "to"}:
+            self._round_trips.add(id(r))  # model.half().float(): back in float32 (parents are seen first)
+        if id(node) in self._round_trips:
+            pass
+        elif t in {"half", "bfloat16"} and base:
+            self.halved.setdefault(base, node)
+        if t == "to" and base and id(node) not in self._round_trips:
+            self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+        if t == "requires_grad_" and r is not None and node.args and is_false(node.args[0]):
+            self.frozen.add(tail(r) or "")
+        if t == "eval" and r is not None and tail(r):
+            pass
+        for a in node.args:
+            k = tail(a)
+            if k and "scaler" in k.lower() and t not in {"step", "unscale_", "scale", "update", "state_dict",
+                                                         "load_state_dict", "save", "print", "isinstance"}:
+                self._passed_to.append((k, t))
+
+    def _classify_value(self, key: str, value: ast.AST) -> None:
+        value = peel(value)
+        if isinstance(value, ast.IfExp):
+            for branch in (value.body, value.orelse):
+                self._classify_value(key, branch)
+            return
+        if not isinstance(value, ast.Call):
+            if isinstance(value, (ast.Name, ast.Attribute)) and tail(value) in self.classes:
+                pass
+            return
+        q = self.names.qual(value.func) or ""
+        t = func_tail(value) or ""
+        if t in {"GradScaler", "ShardedGradScaler"} or q.endswith("GradScaler"):
+            self.scaler_ctor.setdefault(key, []).append(value)
+        elif "lr_scheduler" in q or SCHED_NAME_RE.search(t) or re.match(r"get_\w*schedule", t):
+            self.scheduler_keys.add(key)
+        elif (q.startswith("torch.optim.") or t in OPTIMIZER_CLASSES or re.search(r"optimizer", t, re.I)) \
+                and not SCHED_NAME_RE.search(key):
+            self.optimizer_ctor.setdefault(key, []).append(value)
+        ac = self.autocast_of_call(value)
+        if ac is not None:
+            self.autocast_vars[key] = ac
+        elif t == "partial" and value.args and self.is_autocast_callable(value.args[0]):
+            self.autocast_factories[key] = value
+        if t in self.classes:
+            self.instances[key] = t
+        link = value
+        while isinstance(link, ast.Call):  # model = Net().half().cuda(): any half link in the chain
+            lt = func_tail(link)
+            if lt in {"half", "bfloat16"} or (lt == "to" and any(
+                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
+                self.halved.setdefault(key, link)
+                break
+            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
+                                               for k in link.keywords):
+                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
+                break
+            link = receiver(link)
+        inner = receiver(value)
+        while isinstance(inner, ast.Call):  # model = Net().to(device) -> instance of Net
+            if func_tail(inner) in self.classes:
+                self.instances[key] = func_tail(inner)
+            inner = receiver(inner) if receiver(inner) is not None else (inner.args[0] if inner.args else None)
+
+    def scaler_origin(self, key: str | None) -> str:
+        """'torch' (built by a GradScaler), 'other' (built only by something else: a framework's own
+        `DynamicLossScaler`, a class of this file), or 'unknown' (an argument, an attribute set elsewhere)."""
+        if not key:
+            return "unknown"
+        return self.memo.get(("scaler_origin", key), lambda: self._scaler_origin(key))
+
+    def _scaler_origin(self, key: str) -> str:
+        if key in self.scaler_ctor:
+            return "torch"
+        calls = [peel(v) for v in self.assigns.get(key, []) if isinstance(peel(v), ast.Call)]
+        # only constructors tell the origin (`DynamicLossScaler(...)`); `kwargs.get("scaler")` does not
+        if calls and all((func_tail(c) or "")[:1].isupper() and func_tail(c) not in {"GradScaler", "ShardedGradScaler"}
+                         and not self._scaler_subclass(func_tail(c)) for c in calls):
+            return "other"
+        return "unknown"
+
+    def _scaler_subclass(self, name: str | None) -> bool:
+        cls = self.classes.get(name or "")
+        return cls is not None and any("GradScaler" in text(b) for b in cls.bases)
+
+    def is_scaler(self, key: str | None) -> bool:
+        """Built by GradScaler(...), used with .scale()/.unscale_(), or a `*scaler*` name not built otherwise."""
+        if not key:
+            return False
+        if key in self.scaler_ctor:
+            return True
+        if self.scaler_origin(key) == "other":
+            return False  # e.g. fairseq's DynamicLossScaler: its own scale()/update(), not torch's protocol
+        if key in self.scaler_method_keys:
+            return True
+        return "scaler" in key.lower() and not SKLEARN_SCALER_RE.search(key.lower()) and not any(
+            isinstance(v, ast.Call) for v in self.assigns.get(key, []))
+
+    def scaler_enabled(self, key: str | None) -> bool:
+        """False only when every construction says enabled=False literally."""
+        ctors = self.scaler_ctor.get(key or "", [])
+        if not ctors:
+            return True
+        return not all(kw_is_false(c, "enabled") for c in ctors)
+
+    def scaler_enabled_state(self, key: str) -> str:
+        states = set()
+        for c in self.scaler_ctor.get(key, []):
+            kw = kwarg(c, "enabled")
+            states.add("yes" if kw is None or is_true(kw) else "no" if is_false(kw) else "dynamic")
+        return "dynamic" if "dynamic" in states or len(states) > 1 else (states.pop() if states else "yes")
+
+    def is_scheduler(self, key: str | None) -> bool:
+        return bool(key) and (key in self.scheduler_keys or bool(SCHED_NAME_RE.search(key)))
+
+    def is_optimizer(self, key: str | None) -> bool:
+        if not key or self.is_scheduler(key) or self.is_scaler(key):
+            return False
+        return key in self.optimizer_ctor or bool(OPT_NAME_RE.search(key))
+
+    @property
+    def any_scaler(self) -> bool:
+        """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg)."""
+        if self.scaler_ctor or self.scaler_method_keys:
+            return True
+        other = {k.lower() for k, vs in self.assigns.items() if any(
+            isinstance(v, ast.Call) and re.search(r"(Standard|MinMax|Robust|MaxAbs)Scaler$", func_tail(v) or "")
+            for v in vs)}  # sklearn feature scalers are not loss scaling
+        return any(("scaler" in i and i not in other and not SKLEARN_SCALER_RE.search(i)) or "scale_loss" in i
+                   or "loss_scale" in i
+                   for i in self.identifiers)
+

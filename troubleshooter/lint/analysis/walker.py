@@ -1,0 +1,312 @@
+"""Walk one scope's statements in order, recording training-step events with their context."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
+from .events import (BACKWARD, CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
+                     SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
+from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
+
+if TYPE_CHECKING:
+    from .model import FileModel
+
+
+class Walker:
+    """Walk one scope's statements in order, recording events with their context."""
+
+    def __init__(self, model: "FileModel", scope: Scope, regions: tuple = ()):
+        self.m = model
+        self.s = scope
+        self.order = 0
+        self.base_regions = regions
+        self.loop_id = 0
+        self._local_scaled: set[str] = set()
+        self._apex_scaled: set[str] = set()
+
+    def run(self, body: list[ast.stmt]) -> Scope:
+        self._body(body, ((), (), self.base_regions, self.s.nograd_func, ()))
+        return self.s
+
+    def _body(self, body, ctx) -> None:
+        for st in body:
+            self._stmt(st, ctx)
+
+    def _branch(self, ctx, stmt, idx, key="", pol=True):
+        loops, branches, regions, nograd, guards = ctx
+        return loops, branches + ((id(stmt), idx, key, pol),), regions, nograd, guards
+
+    def _stmt(self, st: ast.stmt, ctx) -> None:
+        loops, branches, regions, nograd, guards = ctx
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
+            self._exprs(st.iter if not isinstance(st, ast.While) else st.test, ctx)
+            count = None
+            it = getattr(st, "iter", None)
+            if isinstance(it, ast.Call) and func_tail(it) == "range" and len(it.args) == 1:
+                count = it.args[0]
+            self.loop_id += 1
+            loop = Loop(st, self.loop_id, count)
+            self.s.loops.append(loop)
+            self._body(st.body, (loops + (loop,), branches, regions, nograd, guards))
+            self._body(st.orelse, ctx)
+            return
+        if isinstance(st, ast.If):
+            self._exprs(st.test, ctx)
+            key, pol = cond_key(st.test)
+            body_ctx = self._branch(ctx, st, 0, key, pol)
+            count = accum_count(st.test)
+            if count is not False:
+                g = Guard(st, count)
+                self.s.guards.append(g)
+                body_ctx = body_ctx[:4] + (guards + (g,),)
+            start = self._count_start()
+            self._body(st.body, body_ctx)
+            self._mark(st, 0, start)
+            start = self._count_start()
+            self._body(st.orelse, self._branch(ctx, st, 1, key, not pol))
+            self._mark(st, 1, start)
+            return
+        if isinstance(st, (ast.With, ast.AsyncWith)):
+            new_regions, new_nograd = regions, nograd
+            for item in st.items:
+                self._exprs(item.context_expr, ctx)
+                if isinstance(item.context_expr, ast.Call) and "scale_loss" in (func_tail(item.context_expr) or "") \
+                        and isinstance(item.optional_vars, ast.Name):
+                    self._apex_scaled.add(item.optional_vars.id)  # apex: amp.scale_loss(loss, opt) as scaled
+                ac = self.m.autocast_of_with(item.context_expr)
+                if ac is not None:
+                    new_regions = new_regions + (ac,)
+                if self.m.is_nograd(item.context_expr):
+                    new_nograd = True
+            for ac in new_regions[len(regions):]:  # `with autocast(...), no_grad():` is inference too
+                self.s.regions.append((ac, st, new_nograd))
+            self._body(st.body, (loops, branches, new_regions, new_nograd, guards))
+            return
+        if isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
+            start = self._count_start()
+            self._body(st.body, self._branch(ctx, st, 0))
+            self._body(st.orelse, self._branch(ctx, st, 0))
+            self._mark(st, 0, start)
+            for i, h in enumerate(st.handlers):
+                start = self._count_start()
+                self._body(h.body, self._branch(ctx, st, i + 1))
+                self._mark(st, i + 1, start)
+            self._body(st.finalbody, ctx)
+            return
+        if type(st).__name__ == "Match":
+            self._exprs(st.subject, ctx)
+            for i, case in enumerate(st.cases):
+                start = self._count_start()
+                self._body(case.body, self._branch(ctx, st, i))
+                self._mark(st, i, start)
+            return
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and self._is_scale_call(st.value):
+            for t in st.targets:
+                if tail(t):
+                    self._local_scaled.add(tail(t))
+        self._exprs(st, ctx)
+
+    def _count_start(self) -> int:
+        return len(self.s.events)
+
+    def _mark(self, stmt, idx, start) -> None:
+        kinds = {e.kind for e in self.s.events[start:]}
+        self.s.branch_kinds.setdefault(id(stmt), {}).setdefault(idx, set()).update(kinds)
+
+    def _is_scale_call(self, node: ast.AST) -> bool:
+        return (isinstance(node, ast.Call) and func_tail(node) == "scale" and receiver(node) is not None
+                and (self.m.is_scaler(tail(receiver(node))) or "scal" in (tail(receiver(node)) or "").lower()))
+
+    def _exprs(self, node: ast.AST, ctx) -> None:
+        calls: list[ast.AST] = []
+        skip_grad: set[int] = set()
+        Call, Attribute, Compare, Assign = ast.Call, ast.Attribute, ast.Compare, ast.Assign
+        for n in self.m.walk(node):
+            cls = n.__class__  # exact-class dispatch: every node of every statement passes here
+            if cls is Call:
+                calls.append(n)
+                f = n.func
+                if isinstance(f, ast.Attribute):
+                    inner = f.value
+                    if isinstance(inner, ast.Attribute) and inner.attr == "data":
+                        inner = inner.value
+                    if isinstance(inner, ast.Attribute) and inner.attr == "grad" and f.attr in ZEROING:
+                        skip_grad.add(id(inner))
+                    if f.attr in ZEROING and isinstance(inner, ast.Subscript):
+                        g = grad_of(inner)  # p.grad[rows].zero_(): zero is zero at any loss scale
+                        if g is not None:
+                            skip_grad.add(id(g))
+                    if f.attr == "grad":
+                        skip_grad.add(id(f))  # torch.autograd.grad(...)
+            elif cls is Attribute:
+                if n.attr == "grad":
+                    calls.append(n)
+            elif cls is Compare and any(isinstance(c, ast.Constant) and c.value is None
+                                                    for c in n.comparators):
+                for side in [n.left, *n.comparators]:
+                    if isinstance(side, ast.Attribute) and side.attr == "grad":
+                        skip_grad.add(id(side))
+            elif cls is Assign and isinstance(n.value, ast.Constant) and n.value.value is None:
+                for t in n.targets:
+                    skip_grad.add(id(t))
+            elif cls is Assign and isinstance(n.value, ast.Constant) and n.value.value == 0 \
+                    and not isinstance(n.value.value, bool):
+                for t in n.targets:  # p.grad[rows] = 0 freezes rows; zero is scale-invariant
+                    g = grad_of(t) if isinstance(t, ast.Subscript) else None
+                    if g is not None:
+                        skip_grad.add(id(g))
+        calls.sort(key=lambda c: (c.lineno, c.col_offset))
+        for c in calls:
+            if isinstance(c, ast.Attribute):
+                if id(c) not in skip_grad:
+                    self._add(GRAD, c, ctx)
+                continue
+            self._call(c, ctx)
+
+    def _add(self, kind, node, ctx, **kw) -> Event:
+        loops, branches, regions, nograd, guards = ctx
+        self.order += 1
+        e = Event(kind, node, node.lineno, node.col_offset, self.order, loops, branches, regions, nograd, guards, **kw)
+        self.s.events.append(e)
+        return e
+
+    def _call(self, c: ast.Call, ctx) -> None:
+        m = self.m
+        t = func_tail(c)
+        r = receiver(c)
+        rk = tail(r) if r is not None else None
+        q = m.names.qual(c.func) or ""
+        if t:
+            self.s.calls.add(t)
+        regions = ctx[2]
+        if regions and regions[-1].active and not ctx[3]:
+            self.s.region_calls.append((regions[-1], c))
+        if t == "backward":
+            if q.endswith("autograd.backward") and c.args:
+                self._backward(c.args[0], c, ctx)
+            elif r is not None:
+                if (rk and (MANAGED_RE.search(rk) or m.is_optimizer(rk) or rk == "self")) or \
+                        (isinstance(r, ast.Name) and r.id in m.names.alias and c.args):
+                    self._add(BACKWARD, c, ctx, recv=rk, arg=c.args[0] if c.args else None, managed=True)
+                else:
+                    self._backward(r, c, ctx)
+            return
+        if t in {"manual_backward"}:
+            self._add(BACKWARD, c, ctx, recv=rk, arg=c.args[0] if c.args else None, managed=True)
+            return
+        if rk and m.is_scaler(rk):
+            kind = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE, "scale": SCALE,
+                    "get_scale": GET_SCALE}.get(t or "")
+            if kind:
+                self._add(kind, c, ctx, recv=rk, arg=c.args[0] if c.args else None)
+                return
+        if t in CLIP_NAMES:
+            if rk and MANAGED_RE.search(rk):
+                return
+            if any(self._def_has(d, UNSCALE) for d in m.local_defs(t)):
+                self._add(UNSCALE, c, ctx, via_call=t)
+            self._add(CLIP, c, ctx, recv=rk)
+            return
+        if t == "step" and rk:
+            if m.is_scheduler(rk):
+                self._add(SCHED_STEP, c, ctx, recv=rk, arg=c.args[0] if c.args else None)
+            elif m.is_optimizer(rk):
+                self._add(OPT_STEP, c, ctx, recv=rk)
+            return
+        if t == "zero_grad":
+            self._add(ZERO_GRAD, c, ctx, recv=rk)
+            return
+        if q in {"torch.save"} or (t == "save" and rk and MANAGED_RE.search(rk)) or \
+                (t and "save" in t.lower() and c.args and dict_like(c.args[0])):
+            self._add(SAVE, c, ctx, recv=rk, arg=c.args[0] if c.args else None)
+            return
+        # a call to a helper defined in this file: summarise what it does to the step
+        defs = m.local_defs(t) if (r is None or rk == "self") else []
+        for kind in (HELPER_BACKWARD, UNSCALE, GRAD, SCALER_STEP, UPDATE):
+            if any(self._def_has(d, kind) for d in defs):
+                self._add(kind, c, ctx, via_call=t)
+        if defs and all(self._plain_step_helper(d) for d in defs):
+            self._add(HELPER_OPT_STEP, c, ctx, via_call=t)
+
+    def _plain_step_helper(self, d: ast.AST) -> bool:
+        """A local helper that steps an optimizer directly and never touches a scaler or runs backward."""
+        stepped = False
+        for n in self.m.subtree(d):
+            if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute):
+                continue
+            rk = tail(n.func.value)
+            if n.func.attr == "backward" or (rk and (self.m.is_scaler(rk) or "scal" in rk.lower())):
+                return False
+            if n.func.attr == "step" and rk and self.m.is_optimizer(rk) and not self.m.is_scheduler(rk):
+                stepped = True
+        return stepped
+
+    def _backward(self, target: ast.AST, c: ast.Call, ctx) -> None:
+        scaled = self._is_scale_call(target) or (isinstance(target, (ast.Name, ast.Attribute))
+                                                 and tail(target) in self._local_scaled)
+        loss = target.args[0] if scaled and isinstance(target, ast.Call) and target.args else target
+        managed = isinstance(target, ast.Name) and target.id in self._apex_scaled and not scaled
+        recv = tail(receiver(target)) if scaled and isinstance(target, ast.Call) else tail(target)
+        self._add(BACKWARD, c, ctx, recv=recv, arg=loss, scaled=scaled or managed, managed=managed)
+
+    def _def_has(self, d: ast.AST, kind: str) -> bool:
+        key = ("def_has", id(d), kind)
+        memo = self.m.memo
+        if not memo.has(key):
+            memo.put(key, False)  # a helper that (indirectly) calls itself adds nothing
+            found = False
+            for n in self.m.subtree(d):
+                if kind == GRAD and isinstance(n, ast.Attribute) and n.attr == "grad" and \
+                        not isinstance(getattr(n, "ctx", None), ast.Store):
+                    found = True
+                elif kind == HELPER_BACKWARD and isinstance(n, ast.Call) and func_tail(n) == "backward":
+                    rk = tail(receiver(n)) if receiver(n) is not None else None
+                    found = not (rk and (MANAGED_RE.search(rk) or rk == "self" or self.m.is_optimizer(rk)))
+                elif isinstance(n, ast.Call) and receiver(n) is not None and self.m.is_scaler(tail(receiver(n))):
+                    found = found or {UNSCALE: "unscale_", SCALER_STEP: "step", UPDATE: "update"}.get(kind) == func_tail(n)
+                if found:
+                    break
+            if kind == GRAD and found:
+                # a helper that zeroes or tests grads for None is not a read
+                reads = [n for n in walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
+                found = any(is_grad_read(n, d) for n in reads)
+            if not found:  # trainer classes nest helpers: step() -> _unscale_and_clip() -> scaler.unscale_
+                found = any(self._def_has(inner, kind) for inner in self._called_defs(d))
+            memo.put(key, found)
+        return memo.peek(key)
+
+    def _called_defs(self, d: ast.AST) -> list[ast.AST]:
+        """Functions of this file that `d` calls by name or as `self.method(...)`."""
+        out = []
+        for n in self.m.subtree(d):
+            if isinstance(n, ast.Call):
+                r = receiver(n)
+                if r is None or (isinstance(r, ast.Name) and r.id == "self"):
+                    out += [f for f in self.m.local_defs(func_tail(n)) if f is not d]
+        return out
+
+
+
+
+def accum_count(test: ast.AST):
+    """N of an accumulation guard (`(i + 1) % N == 0`), None if a guard of unknown N, False if none.
+
+    `if accum_steps > 1:` compares the setting with a constant: it picks a configuration, it does
+    not make its body run every N iterations, so it is no guard."""
+    if isinstance(test, ast.Compare) and all(isinstance(c, ast.Constant) for c in test.comparators) \
+            and isinstance(test.left, (ast.Name, ast.Attribute)):
+        return False
+    for n in walk(test):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
+            return n.right
+    for n in walk(test):
+        k = tail(n) if isinstance(n, (ast.Name, ast.Attribute)) else None
+        if k and re.search(r"accum|sync_grad", k, re.I):
+            return None
+    return False
+
+
