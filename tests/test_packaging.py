@@ -142,6 +142,7 @@ def test_wheel_installs_offline_and_the_console_command_works_from_another_folde
     assert wheel.name.startswith(f"amp_troubleshooter-{troubleshooter.__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in ("troubleshooter/recipes_data/train_amp.py", "troubleshooter/recipes_data/options.yaml",
+                 "troubleshooter/recipes_data/train_gan_amp.py", "troubleshooter/data/gpu_products.yaml",
                  "troubleshooter/data/questions.yaml", "troubleshooter/data/log_patterns.yaml"):
         assert data in names
     assert not any(n.startswith(("tests/", "app.py", "bench/")) for n in names)

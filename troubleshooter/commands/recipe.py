@@ -15,7 +15,7 @@ def register(subparsers) -> None:
         "recipe",
         help="generate a mixed-precision training loop that is right by construction",
         description="Generate a runnable training script (demo model included; plug in yours). "
-        "Options come from recipes/options.yaml; `--list` shows what each adds.",
+        "Options come from the recipe library's options.yaml; `--list` shows what each adds.",
     )
     for opt in recipe_options():
         dest = opt["name"]

@@ -65,11 +65,12 @@ def rules(rule_id: str = "") -> tuple[str, str]:
 @endpoint
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
-                checks: str = ",".join(check.CHECK_NAMES), steps: float = 20) -> tuple[str, FileData | None]:
-    """Run the checks on a model (the first given of spec_file, yaml_text, preset):
-    (the `check --format json` object, the skip-rate plot PNG or none)."""
+                checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
+                budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
+    """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
+    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    result = check.run(source, device, checks, steps)
+    result = check.run(source, device, checks, steps, budget_s=budget_s)
     return as_json_text(result), _file(common.save_figure(check.skiprate_figure(result), "skiprate.png"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 
 from ..errors import UserError
 from ..findings import Finding, findings_to_markdown
@@ -14,6 +15,8 @@ CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
 CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignment",
                 "skiprate": "fp16 skip rate", "nan": "NaN/Inf localisation", "headroom": "overflow/underflow headroom"}
 MAX_UI_STEPS = 2000
+DEFAULT_UI_BUDGET_S = 60.0  # as the CLI's --budget
+MIN_UI_BUDGET_S = 5.0
 ALIGN_HEADERS = ["module", "layer", "dimension", "size", "pad to", "aligned", "share of FLOPs", "note"]
 HEADROOM_HEADERS = ["module", "layer", "max |activation|", "headroom (bits)", "fp16 overflow"]
 CHECKPOINT_KINDS = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
@@ -38,15 +41,28 @@ def _only(checks) -> list[str]:
     return parse_only(checks.replace(" ", ","))
 
 
-def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None) -> dict:
+def _budget(budget_s) -> float:
+    """The checks' shared time budget, kept inside the operator's job time limit (the worker is
+    killed there and a killed job reports nothing, while a spent budget reports what it measured)."""
+    try:
+        value = float(budget_s)
+    except (TypeError, ValueError):
+        raise UserError(f"the time budget must be a number of seconds, not {budget_s!r}") from None
+    if not math.isfinite(value) or value < MIN_UI_BUDGET_S:
+        raise UserError(f"the time budget must be at least {MIN_UI_BUDGET_S:g} seconds, not {budget_s}")
+    return min(value, max(MIN_UI_BUDGET_S, SETTINGS.job_timeout_s * 0.8))
+
+
+def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
+        budget_s: float = DEFAULT_UI_BUDGET_S) -> dict:
     """The `check --format json` object for `source`, measured in a worker process."""
     from ..engine.check import check_source
 
-    only, n = _only(checks), _steps(steps)
+    only, n, budget = _only(checks), _steps(steps), _budget(budget_s)
     device = host.validate_device(device)
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
-    kwargs = dict(device=device or "auto", only=only, steps=n)
+    kwargs = dict(device=device or "auto", only=only, steps=n, budget_s=budget)
     if specinput.is_python(source):
         if progress:
             progress(0.0, "running the uploaded model file in its own process")
@@ -173,6 +189,8 @@ def headroom_markdown(result: dict) -> str:
     section = result.get("headroom")
     if not section:
         return "#### Overflow / underflow headroom\n" + (_na(result, "headroom") or "*not measured*")
+    from ..engine.headroom import window_text  # the engine's wording, so page and CLI agree
+
     g = section.get("gradient_summary") or {}
     lines = ["#### Overflow / underflow headroom"]
     first = section.get("first_overflow")
@@ -180,8 +198,7 @@ def headroom_markdown(result: dict) -> str:
     if g:
         ftz = g.get("flush_to_zero_share")
         lines.append(f"Gradients: {ftz:.1%} of nonzero elements would flush to zero in fp16 without loss scaling; "
-                     f"a loss scale between {common.fmt_num(g.get('min_loss_scale'))} and "
-                     f"{common.fmt_num(g.get('max_loss_scale'))} fits." if isinstance(ftz, (int, float)) else "")
+                     f"{window_text(g)}." if isinstance(ftz, (int, float)) else "")
     rel = section.get("relative_error") or {}
     if rel:
         lines.append("Relative error vs fp32: " + ", ".join(
@@ -208,11 +225,12 @@ def status_markdown(result: dict) -> str:
     return text
 
 
-def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, steps, progress=None) -> tuple:
+def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, steps,
+             budget_s=DEFAULT_UI_BUDGET_S, progress=None) -> tuple:
     """The Run button: (status, capability, findings, alignment rows, skip-rate text, skip-rate plot,
     NaN text, headroom text, headroom rows, JSON download)."""
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload, weights)
-    result = run(source, device, checks, steps, progress=progress)
+    result = run(source, device, checks, steps, progress=progress, budget_s=budget_s)
     name = str(result.get("spec", {}).get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(result, indent=2, default=str))
     say = common.for_page

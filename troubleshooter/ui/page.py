@@ -187,6 +187,8 @@ def _check_tab() -> None:
                 device = _device_picker("check")
                 steps = gr.Number(20, precision=0, minimum=1, maximum=check.MAX_UI_STEPS,
                                   label="Steps (skip-rate probe)", elem_id="check-steps")
+                budget = gr.Number(check.DEFAULT_UI_BUDGET_S, minimum=check.MIN_UI_BUDGET_S,
+                                   label="Time budget (s), shared by the checks", elem_id="check-budget")
             checks = gr.CheckboxGroup([(check.CHECK_LABELS[c], c) for c in check.CHECK_NAMES],
                                       value=list(check.CHECK_NAMES), label="Checks", elem_id="check-checks")
             run = gr.Button("Run checks", variant="primary", elem_id="check-run")
@@ -215,7 +217,7 @@ def _check_tab() -> None:
                 inspect_md = gr.Markdown(elem_id="check-inspect-result")
                 inspect_json = gr.JSON(label="Checkpoint report (JSON)", open=False)
     outputs = [status, capability, findings, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
-    run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps], outputs,
+    run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget], outputs,
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))

@@ -11,7 +11,7 @@ from .server import SETTINGS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 MAX_BUDGET_S = 600.0
-TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory", "vs fp32",
+TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory", "vs fp32 (95% interval)",
                  "final loss (Δ vs fp32)", "note"]
 
 
@@ -94,7 +94,8 @@ def table_rows(result: dict) -> list[list]:
             notes.append(f"{r['achieved_tflops']:.3g} TFLOP/s = {r['peak_share']:.0%} of peak")
         rows.append([p, f"{r['median_ms']:.3f}", f"{r['iqr_ms']:.3f}",
                      _rate(r.get("throughput"), r.get("throughput_unit", "")),
-                     format_bytes(r.get("peak_memory_bytes"), missing="—"), f"{vs:.2f}x" if vs else "—", loss_text, "; ".join(notes)])
+                     format_bytes(r.get("peak_memory_bytes"), missing="—"), _vs_fp32(vs, r.get("speedup_vs_fp32_ci")),
+                     loss_text, "; ".join(notes)])
     for p, why in result.get("unavailable", {}).items():
         rows.append([p, "—", "—", "—", "—", "—", "—", f"unavailable: {why}"])
     for p, why in result.get("errors", {}).items():
@@ -102,10 +103,23 @@ def table_rows(result: dict) -> list[list]:
     return rows
 
 
+def _vs_fp32(speedup, ci) -> str:
+    """The speedup with its 95% interval: a ratio alone hides whether the rounds agreed."""
+    if not speedup:
+        return "—"
+    if ci and None not in ci:
+        return f"{speedup:.2f}x ({ci[0]:.2f}–{ci[1]:.2f})"
+    return f"{speedup:.2f}x"
+
+
 def verdict_markdown(result: dict) -> str:
     v = result.get("verdict", {})
     dev, st, spec = result.get("device", {}), result.get("settings", {}), result.get("spec", {})
     lines = [f"### Verdict: {v.get('recommendation', 'no verdict')}", ""]
+    if v.get("speedup_ci"):
+        lo, hi = v["speedup_ci"]
+        lines.append(f"- Speedup {v.get('speedup') or 0:.2f}x, 95% interval {lo:.2f}x to {hi:.2f}x "
+                     "(median of paired per-round ratios, rounds in shuffled order).")
     lines += [f"- {reason}" for reason in v.get("reasons", [])]
     for f in result.get("findings", []):
         lines.append(f"- **{f['rule']}** {f.get('name', '')}: {f['message']} — {f.get('suggestion', '')}")

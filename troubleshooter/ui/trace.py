@@ -83,7 +83,7 @@ def run(code: str | None, upload, args: str | None = "", steps=20, device: str =
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
                           limit_s=limit, cwd=str(script.parent))
-    return public_result(result, script.name)
+    return public_result(result, script.name, str(script.parent))
 
 
 def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None) -> dict:
@@ -92,15 +92,24 @@ def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=No
                        progress=progress)
 
 
-def public_result(result: dict, name: str) -> dict:
-    """The trace JSON with the staging folder replaced by the script's own name."""
-    result = dict(result)
+def public_result(result: dict, name: str, folder: str | None = None) -> dict:
+    """The trace JSON with no server path left in it: files in the staging folder become paths
+    relative to it (`train.py`, `pkg/model.py`), any other absolute path its file's own name."""
+    prefix = (str(folder).rstrip("/") + "/") if folder else None
+
+    def clean(value):
+        if isinstance(value, str):
+            if prefix and prefix in value:
+                value = value.replace(prefix, "")
+            return common.public_text(value) if "/" in value else value
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    result = clean(dict(result))
     result["script"] = name
-    for f in result.get("findings") or []:
-        if isinstance(f, dict) and f.get("path"):
-            f["path"] = common.public_text(str(f["path"]))
-    if isinstance(result.get("exit"), dict) and result["exit"].get("exception"):
-        result["exit"] = {**result["exit"], "exception": common.public_text(str(result["exit"]["exception"]))}
     return result
 
 
