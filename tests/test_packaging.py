@@ -143,8 +143,13 @@ def test_wheel_installs_offline_and_the_console_command_works_from_another_folde
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in ("troubleshooter/recipes_data/train_amp.py", "troubleshooter/recipes_data/options.yaml",
                  "troubleshooter/recipes_data/train_gan_amp.py", "troubleshooter/data/gpu_products.yaml",
+                 "troubleshooter/lint/analysis/data/vocabulary.json",
                  "troubleshooter/data/questions.yaml", "troubleshooter/data/log_patterns.yaml"):
         assert data in names
+    # every data file the package reads ships with it (a missing one breaks the installed tool only)
+    data_files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "troubleshooter").rglob("*")
+                  if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
+    assert data_files <= names, sorted(data_files - names)
     assert not any(n.startswith(("tests/", "app.py", "bench/")) for n in names)
 
     venv = tmp_path / "venv"

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_ENV = "AMP_TS_DEBUG"
+INTERNAL_ERROR_EXIT = 3  # 0 clean, 1 findings, 2 bad input or usage, 3 a bug of ours
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["app"]:  # every later argument, --help included, belongs to the app's own parser
@@ -91,3 +95,10 @@ def _guarded(call, command: str | None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one readable line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"internal error in amp-troubleshooter {command or ''}: {type(exc).__name__}: {exc}\n"
+              f"This is a bug in the tool, not in your input; set {DEBUG_ENV}=1 to see the traceback "
+              "and please report it.", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
