@@ -185,9 +185,10 @@ def _alignment(r: CheckReport) -> list[str]:
     rows = r.section("alignment") or []
     s = r.alignment_summary or {}
     bad = [row for row in rows if not row["aligned"]]
+    worth = s.get("misaligned_flops_share")
     lines = [f"{_plural(len(rows), 'size')} checked, {len(bad)} not aligned"
-             + (f"; layers with a misalignment worth fixing do {share(s.get('misaligned_flops_share'))} of the FLOPs"
-                if bad else "") + "."]
+             + ("" if not bad else "; none worth padding (see the notes)" if worth == 0
+                else f"; layers with a misalignment worth fixing do {share(worth)} of the FLOPs") + "."]
     if bad:
         lines.append("\n".join(_table(["module", "layer", "dimension", "size", "pad to", "share of FLOPs"],
                                       [[b["module"], b["class"], b["dimension"], b["value"], b["padded"],
