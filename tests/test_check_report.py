@@ -93,3 +93,23 @@ def test_markdown_to_text_reads_tables_escapes_and_folds():
     md = ("#### Title\n\nA **bold** `<top level>` and \\_x\\_.\n\n| a | b |\n| --- | --- |\n"
           "| 1 | long \\| cell |\n\n<details><summary>more</summary>\n\n| hidden |\n\n</details>\n")
     assert render.markdown_to_text(md) == "== Title\n  A bold <top level> and _x_.\n  a  b\n  1  long | cell\n"
+
+
+def test_a_nan_in_every_precision_round_trips_and_reads_the_same():
+    """A real planted fault (padding rows normalised by a zero norm): non-finite values are the
+    finding, travel as "nan" strings, and both renderings name the module that makes them."""
+    import sys
+
+    sys.path.insert(0, str(MISALIGNED.parent))
+    import nan_in_fp32_too as planted
+
+    from troubleshooter.engine.check import run_check
+
+    d = run_check(planted.zero_row_workload(), device="cpu", only="nan,headroom", budget_s=30)
+    report = CheckReport.from_dict(json.loads(json.dumps(d)))
+    assert report.to_dict() == d and isinstance(report.headroom, HeadroomResult)
+    assert report.headroom.first_nonfinite == "0" and report.exit_code == 1
+    nan_md = render.section_markdown(report, "nan")
+    assert "NON-FINITE" in nan_md and "ZeroRowNormalise" in nan_md and "creates the nan" in nan_md
+    assert render.markdown_to_text(nan_md).strip() in render.render_text(report)
+    assert "max |x|" in render.render_text(report)  # escapes undone for the terminal

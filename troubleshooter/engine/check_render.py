@@ -232,22 +232,28 @@ def where(entry: Any) -> str:
 
 
 def _nan(r: CheckReport) -> list[str]:
-    rows = []
+    rows, found = [], []
     for p, sec in ((r.nan or {}).get("precisions") or {}).items():
         if not isinstance(sec, dict):
             continue
+        if sec.get("summary"):  # the NaN hunt's own account of the run (e.g. a scaled-backward overflow)
+            found.append(f"- {p}: {esc(sec['summary'])}")
         if sec.get("not_run"):
             rows.append([p, "—", f"not run ({sec['not_run']})", ""])
             continue
-        loss = num(sec.get("loss"), 4) + ("" if sec.get("loss_finite", True) else " (NON-FINITE)")
+        loss = "NON-FINITE" if sec.get("loss") is None and sec.get("loss_finite") is False else (
+            num(sec.get("loss"), 4) + ("" if sec.get("loss_finite", True) else " (NON-FINITE)"))
         if sec.get("error"):
             rows.append([p, loss, f"error: {sec['error']}", ""])
             continue
         rows.append([p, loss, where(sec.get("first_forward")), where(sec.get("first_backward"))])
     if not rows:
         return ["No precision measured."]
-    return ["\n".join(_table(["precision", "loss", "first non-finite (forward)", "first non-finite (backward)"],
-                             rows))]
+    lines = ["\n".join(_table(["precision", "loss", "first non-finite (forward)", "first non-finite (backward)"],
+                              rows))]
+    if found:
+        lines.append("\n".join(["What each run found first:", ""] + found))
+    return lines
 
 
 def headroom_rows(report: CheckReport | dict) -> list[list]:
