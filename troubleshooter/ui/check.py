@@ -69,7 +69,7 @@ def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=Non
     kwargs = options(device, checks, steps, budget_s)
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
-    key = host.device_key((device or "auto").strip() or "auto")
+    key = host.device_key(kwargs["device"])  # the engine's resolved name: "CPU" and "cpu" share a lock
     if specinput.is_python(source):
         if progress:
             progress(0.0, "running the uploaded model file in its own process")
