@@ -92,6 +92,7 @@ class CheckReport:
     exit_code: int = 0
     job: dict[str, Any] | None = None  # when and where the app ran it (server-side times)
     extra: dict[str, Any] = field(default_factory=dict)  # keys a newer engine added
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)  # as read, so JSON reads the same
 
     # ------------------------------------------------------------ reading
     @property
@@ -121,6 +122,9 @@ class CheckReport:
         out["exit_code"] = self.exit_code
         if self.job is not None:
             out["job"] = self.job
+        if self.key_order:  # a newer engine's keys stay where it wrote them
+            rank = {k: i for i, k in enumerate(self.key_order)}
+            out = dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
         return jsonable(out)
 
     @classmethod
@@ -146,6 +150,7 @@ class CheckReport:
             exit_code=int(d.get("exit_code", 0)),
             job=d.get("job"),
             extra={k: v for k, v in d.items() if k not in known},
+            key_order=tuple(d),
         )
 
 
