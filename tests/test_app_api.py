@@ -55,6 +55,7 @@ def _app_error(client, match: str, **kwargs):
         client.predict(**kwargs)
     assert match in str(info.value), str(info.value)
     assert "Traceback" not in str(info.value)
+    return str(info.value)
 
 
 def test_every_named_endpoint_is_published(client):
@@ -139,6 +140,16 @@ def test_check_an_uploaded_spec_and_bad_specs(client, tmp_path):
                device="cpu", checks="alignment", steps=4, api_name="/check")
     _app_error(client, "weights", preset="", yaml_text="weights: /etc/passwd\n", spec_file=None,
                weights_file=None, device="cpu", checks="alignment", steps=4, api_name="/check")
+    # the JSON is the CheckReport's, as `check --format json` prints it (plus the job's times)
+    from troubleshooter.engine.check_report import CheckReport
+
+    assert CheckReport.from_dict(result).to_dict() == result and result["job"]["device"] == "cpu"
+    # options are judged by the engine's rules, in the page's words, before any worker starts
+    for bad, match in [(dict(steps=2.5), "whole number"), (dict(checks="alignment,magic"), "unknown check"),
+                       (dict(budget_s=-1), "seconds above 0"), (dict(device="cuda:7"), "cuda:7")]:
+        text = _app_error(client, match, **{"preset": "mlp", "device": "cpu", "checks": "alignment", "steps": 2,
+                                            "api_name": "/check", **bad})
+        assert "--" not in text  # no command-line flag in an API message
 
 
 def test_lint_answers_while_speedups_run_one_at_a_time(client):

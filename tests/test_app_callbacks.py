@@ -218,18 +218,26 @@ def test_job_options_are_validated_before_any_work():
     with pytest.raises(UserError, match="at least one"):
         speedup._parse_precisions([])
     assert speedup._parse_precisions("bf16, fp32") == ["fp32", "bf16"]
-    with pytest.raises(UserError, match="whole number"):
-        check._steps(2.5)
-    with pytest.raises(UserError, match="unknown check"):
-        check._only("alignment,magic")
+    # check options: parsed here, judged by the engine's rules (the CLI's), before any worker starts
+    for bad, match in [(dict(steps=2.5), "whole number"), (dict(steps="x"), "steps must be a number"),
+                       (dict(checks="alignment,magic"), "unknown check"), (dict(checks=[]), "no check"),
+                       (dict(budget_s=float("nan")), "seconds above 0"), (dict(device="cuda:7"), "cuda:7")]:
+        with pytest.raises(UserError, match=match):
+            check.options(**{"device": "cpu", "checks": "alignment", "steps": 2, "budget_s": 10, **bad})
+    assert check.options("cpu", ["nan", "alignment"], 3.0, 10) == \
+        {"device": "cpu", "only": ["alignment", "nan"], "steps": 3, "budget_s": 10.0}
+    message = common.error_message(UserError("--steps must be a whole number from 1 to 10000, got 0"))
+    assert "--" not in message and "steps must be" in message  # the page's wording of the engine's reason
 
 
-def test_capability_card_from_the_real_report():
+def test_capability_section_from_the_real_report():
+    from troubleshooter.engine import check_render as render
     from troubleshooter.engine.capability import detect
-    from troubleshooter.ui import check
+    from troubleshooter.engine.check_report import CheckReport
 
-    card = check.capability_card({"capability": detect("cpu").to_dict()})
-    assert "Recommended precision" in card and "CPU" in card
+    report = CheckReport(device={"type": "cpu", "name": "CPU"}, spec={"name": "m"}, capability=detect("cpu"))
+    card = render.section_markdown(report, "capability")
+    assert "Recommended precision" in card and "CPU" in card and "All capability facts" in card
 
 
 # --- recipe builder --------------------------------------------------------------------
@@ -273,7 +281,7 @@ def test_python_model_file_runs_only_with_allow_exec_and_in_a_child(tmp_path, mo
     )
     monkeypatch.setattr(SETTINGS, "allow_exec", True)
     source = specinput.source_from_inputs("Upload", "", "", "", str(model))
-    result = check.run(source, "cpu", ["alignment"], 1)
+    result = check.run(source, "cpu", ["alignment"], 1).to_dict()
     dims = {(r["module"], r["dimension"]): r for r in result["alignment"]}
     assert dims[("0", "out_features")]["padded"] == 16  # 12 -> 16: measured on the user's model
 
@@ -536,3 +544,28 @@ def test_page_text_has_no_command_line_only_advice():
                            "rerun with a larger --budget; run `python -m troubleshooter check` to find it")
     assert "TROUBLESHOOTER_MAX" not in text and "--budget" not in text and "python -m" not in text
     assert "time budget" in text and "Check a model" in text
+
+
+def test_check_report_crosses_the_worker_typed_and_page_and_cli_say_the_same(capsys):
+    """The worker hands back a CheckReport (JSON only at the edge); the page's boxes are the
+    renderer's sections, and `check --format text` for the same model and seed prints them."""
+    from troubleshooter.cli import main
+    from troubleshooter.engine import check_render as render
+    from troubleshooter.engine.check_report import CheckReport
+    from troubleshooter.ui import check
+
+    preset, params = "mlp", "in_features=32, hidden=32, depth=2, batch_size=8"
+    out = check.ui_check("Preset", preset, params, "", None, None, "cpu", ["alignment", "nan"], 2, 30)
+    status, cap, findings, align_md, align_rows, skip_md, plot, nan_md, head_md, head_rows, path = out
+    report = CheckReport.from_dict(json.loads(Path(path).read_text()))
+    assert report.job and report.job["device"] == "cpu"  # the job's own server-side times
+    assert "Time budget 30 s" in status and "mlp" in status
+    assert "skipped: not selected" in skip_md and "--only" not in skip_md  # page wording
+    assert align_rows and plot is None and head_rows == []
+    code = main(["check", "--preset", "mlp:" + params.replace(" ", ""), "--device", "cpu", "--only", "alignment,nan",
+                 "--steps", "2", "--budget", "30"])
+    text = capsys.readouterr().out
+    assert code == report.exit_code
+    for page_md in (align_md, nan_md, findings):  # same measurements (seed 0), same words
+        assert render.markdown_to_text(page_md).strip() in text
+    assert render.markdown_to_text(render.section_markdown(report, "skiprate")).strip() in text  # CLI keeps --only

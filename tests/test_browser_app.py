@@ -169,8 +169,13 @@ def test_check_a_yaml_spec(page):
     editor = page.locator("#check-yaml .cm-content")
     expect(editor).to_contain_text("tiny-mlp")  # prefilled with the commented example
     page.locator("#check-steps input").fill("6")
+    budget = page.locator("#check-budget input")  # the checks' shared time budget
+    budget.fill("40")
+    budget.press("Tab")
     page.locator("#check-run").click()
     expect(page.locator("#check-status")).to_contain_text("tiny-mlp")
+    expect(page.locator("#check-status")).to_contain_text("Time budget 40 s")  # the box reached the engine
+    expect(page.locator("#check-alignment-summary")).to_contain_text("sizes checked")
     expect(page.locator("#check-alignment")).to_contain_text("out_features")
     expect(page.locator("#check-nan")).to_contain_text("bf16")
     expect(page.locator("#check-headroom-table")).to_contain_text("Linear")

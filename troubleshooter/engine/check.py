@@ -293,3 +293,24 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
                                budget_s=budget_s)
     result.setdefault("spec", {})["source"] = source.describe()
     return result
+
+
+# ---------------------------------------------------------------- typed report and option checks
+
+
+def check_options(device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
+                  steps: Any = DEFAULT_STEPS, budget_s: Any = DEFAULT_BUDGET_S) -> dict[str, Any]:
+    """The options of a check run, validated by the rules `run_check` applies (UserError with
+    the reason), as `check_source` keyword arguments: the app asks before it starts a worker."""
+    selected = parse_only(only)
+    _check_steps(steps)
+    _check_budget(budget_s)
+    dev = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
+    return {"device": dev, "only": selected, "steps": steps, "budget_s": budget_s}
+
+
+def check_report(source, **kwargs: Any):
+    """`check_source` as a typed `CheckReport` (picklable: what crosses the app's worker boundary)."""
+    from .check_report import CheckReport
+
+    return CheckReport.from_dict(check_source(source, **kwargs))

@@ -70,8 +70,8 @@ def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | Non
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
     seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    result = check.run(source, device, checks, steps, budget_s=budget_s)
-    return as_json_text(result), _file(common.save_figure(check.skiprate_figure(result), "skiprate.png"))
+    report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
+    return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
 
 @endpoint

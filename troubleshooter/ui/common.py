@@ -260,21 +260,3 @@ def save_figure(fig, filename: str) -> str | None:
     plt.close(fig)
     return path
 
-
-def md_cell(value) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str("" if value is None else value).replace("|", "\\|").replace("\n", " ")
-
-
-def fmt_num(value, digits: int = 3) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        return f"{value:.{digits}g}"
-    return str(value)

@@ -130,8 +130,12 @@ def _run_unlocked(func, args, kwargs, timeout_s, progress, in_worker, poll_s, de
 
 
 def timed(result: Any, started: float, device_key: str | None) -> Any:
-    """Add the job's own server-side start/end (Unix seconds) to a result dict under `job`, so a
-    client can see when it really ran (queue status polled from outside can be stale)."""
+    """Add the job's own server-side start/end (Unix seconds) to a result under `job` (a dict's
+    key, or a typed report's `job` field), so a client can see when it really ran (queue status
+    polled from outside can be stale)."""
+    job = {"started": round(started, 3), "finished": round(time.time(), 3), "device": device_key}
     if isinstance(result, dict):
-        result["job"] = {"started": round(started, 3), "finished": round(time.time(), 3), "device": device_key}
+        result["job"] = job
+    elif hasattr(result, "job"):
+        result.job = job
     return result

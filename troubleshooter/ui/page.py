@@ -10,6 +10,7 @@ import sys
 
 import gradio as gr
 
+from ..engine import check_render as render
 from . import api, check, diagnose, host, questionnaire, recipe, specinput, speedup, trace
 from .glue import page_event, row_select
 from .server import SETTINGS
@@ -196,14 +197,15 @@ def _check_tab() -> None:
             status = gr.Markdown(elem_id="check-status", elem_classes=["status-box"])
             capability = gr.Markdown(elem_id="check-capability")
             findings = gr.Markdown(elem_id="check-findings")
-            align = gr.Dataframe(headers=check.ALIGN_HEADERS, label="Tensor-core alignment (padded sizes)",
+            align_md = gr.Markdown(elem_id="check-alignment-summary")
+            align = gr.Dataframe(headers=render.ALIGN_HEADERS, label="Tensor-core alignment (padded sizes)",
                                  interactive=False, wrap=True, elem_id="check-alignment",
                                  column_widths=["8%", "11%", "14%", "7%", "7%", "15%", "12%", "26%"])
             skip_md = gr.Markdown(elem_id="check-skiprate")
             skip_plot = gr.Plot(label="Loss scale per step (skipped steps marked)", show_label=False, elem_id="check-skiprate-plot")
             nan_md = gr.Markdown(elem_id="check-nan")
             head_md = gr.Markdown(elem_id="check-headroom")
-            head_rows = gr.Dataframe(headers=check.HEADROOM_HEADERS, label="Activation headroom in fp16",
+            head_rows = gr.Dataframe(headers=render.HEADROOM_HEADERS, label="Activation headroom in fp16",
                                      interactive=False, elem_id="check-headroom-table")
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="check-json")
     with gr.Accordion("Inspect a checkpoint (what it holds, in which dtypes; loaded without running code)",
@@ -216,7 +218,7 @@ def _check_tab() -> None:
             with gr.Column(scale=3):
                 inspect_md = gr.Markdown(elem_id="check-inspect-result")
                 inspect_json = gr.JSON(label="Checkpoint report (JSON)", open=False)
-    outputs = [status, capability, findings, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
+    outputs = [status, capability, findings, align_md, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
     run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget], outputs,
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],

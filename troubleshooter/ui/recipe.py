@@ -17,10 +17,6 @@ def options_meta() -> list[dict]:
     return recipe_options()
 
 
-def option_names() -> list[str]:
-    return [o["name"] for o in options_meta()]
-
-
 def _clean(meta: dict, value):
     """A control's value -> the option value (empty numbers of optional options are None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
