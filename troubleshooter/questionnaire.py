@@ -416,7 +416,9 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     if nan_in in ("bf16", "fp32"):
         source = " (your log shows it ran in bf16)" if precision_from_log == "bf16" else ""
         why("current_precision" if not precision_from_log else "log",
-            f"NaNs under {nan_in}{source} are not an fp16 overflow ({nan_in} has float32's exponent range): it is a "
+            f"NaNs under {nan_in}{source} are not an fp16 overflow ("
+            + ("bf16 has float32's exponent range" if nan_in == "bf16" else "the run was float32 throughout")
+            + "): it is a "
             "model, data or learning-rate problem. Localise it: `python -m troubleshooter check` (the NaN hunt "
             "names the first module whose output turns non-finite) or trace your script over a few steps; look for "
             "bad samples (inf/NaN in inputs or labels), a learning rate too high (lower it or lengthen warm-up), "
@@ -441,7 +443,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     family = a["model_family"]
     if family == "cnn":
         opts["model"] = "cnn"
-        if half and dev.kind == "cuda":
+        if half and dev.kind == "cuda" and dev.tensor_cores and dev.vendor == "nvidia":
             opts["channels_last"] = True
             why("model_family", "a CNN on tensor cores: channels_last lets cuDNN pick tensor-core convolutions "
                                 "without layout transposes")
@@ -489,6 +491,9 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
                 "activation memory")
         if not a["batchnorm"]:
             text += "; or lower --batch-size and raise gradient accumulation (same effective batch)"
+        if a["multi_gpu"] == "ddp":
+            text += ("; with several GPUs, FSDP (multi_gpu: fsdp) also shards weights, gradients and optimizer "
+                     "state, which DDP copies to every GPU")
         warnings.append(text)
     if a["params_millions"] and dev.memory_gb:
         need_gb = a["params_millions"] * 1e6 * BYTES_PER_PARAM_ADAMW / 1e9
