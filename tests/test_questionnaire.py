@@ -156,7 +156,7 @@ def test_ask_bad_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_ask_interactive(monkeypatch, capsys):
-    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "", "",
+    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "", "", "", "",
                     "loss: nan", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(replies))
     assert main(["ask", "--format", "json"]) == 0

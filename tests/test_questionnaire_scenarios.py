@@ -74,6 +74,18 @@ SCENARIOS = [
     ("gh200-llm", {"gpu": "NVIDIA GH200 480GB", "model_family": "transformer", "params_millions": 7000,
                    "multi_gpu": "fsdp"}, {"bf16"}),
     ("b200-llm", {"gpu": "NVIDIA B200", "model_family": "transformer", "params_millions": 70000, "multi_gpu": "fsdp"}, {"bf16"}),
+    # Inference, adapters, float16 checkpoints (the `training` and `fp16_weights` answers).
+    ("v100-inference", {"gpu": "V100", "model_family": "transformer", "params_millions": 7000,
+                        "training": "inference"}, {"fp16"}),
+    ("a100-inference", {"gpu": "A100", "model_family": "transformer", "params_millions": 7000,
+                        "training": "inference"}, {"bf16"}),
+    ("cpu-inference", {"gpu": "cpu", "cpu_bf16": False, "model_family": "cnn", "params_millions": 25,
+                       "training": "inference"}, {"fp32"}),
+    ("t4-lora-7b", {"gpu": "T4", "model_family": "transformer", "params_millions": 7000, "training": "lora"}, {"fp16"}),
+    ("a10g-lora-13b-oom", {"gpu": "A10G", "model_family": "transformer", "params_millions": 13000, "training": "lora",
+                           "symptoms": ["oom"]}, {"bf16"}),
+    ("v100-fp16-checkpoint-finetune", {"gpu": "V100", "model_family": "transformer", "params_millions": 350,
+                                       "training": "finetune", "fp16_weights": True}, {"fp16"}),
     ("v100-nan-bf16-pretrained", {"gpu": "V100", "model_family": "transformer", "params_millions": 770,
                                   "bf16_pretrained": True, "symptoms": ["nan_loss"], "current_precision": "fp16"}, {"fp32"}),
 ]
@@ -110,6 +122,13 @@ def contradictions(answers: dict, d: q.Decision) -> list[str]:
     if "compile" in said and "torch.compile" in said and "slow" in answers.get("symptoms", []) \
             and not opts.get("compile") and "reduce-overhead" not in said:
         out.append("a reason says the recipe uses torch.compile but the options do not")
+    task = answers.get("training", "train")
+    if task == "inference" and any(p in said for p in ("with gradscaler", "scales the loss", "optimizer state (16")):
+        out.append("inference told to scale the loss or to budget optimizer state")
+    if task == "lora" and any(p in said for p in ("fine-tune with lora", "16 bytes per parameter")):
+        out.append("an adapter fine-tune told to use LoRA or budgeted for full AdamW state")
+    if answers.get("fp16_weights") and task in ("train", "finetune") and "model.float()" not in said:
+        out.append("float16 weights for training without the float32 master-weights step")
     if facts.get("memory_gb"):
         for text in texts:
             if " gb" in text.lower() and "has " in text and f"has {facts['memory_gb']:g} gb" not in text.lower() \
@@ -125,6 +144,7 @@ def test_expert_scenario(sid, answers, expected):
     assert contradictions(answers, d) == [], sid
     assert d.reasons, "every decision gives its reasons"
     assert all(r.answer in set(answers) | {"gpu", "log", "symptoms", "params_millions"} for r in d.reasons)
+    assert d.to_dict()["training"] == answers.get("training", "train")
 
 
 def test_scenarios_through_the_cli(capsys, monkeypatch):
