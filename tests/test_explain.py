@@ -133,6 +133,7 @@ def test_every_real_message(entry):
         assert report.verdict == "amp"
     else:  # a non-AMP control: said so, and no AMP rule or AMP symptom (running out of memory is not one)
         assert report.verdict == "not an AMP problem" and report.rules == [] and set(report.symptoms) <= {"oom"}
+        assert "expect" not in entry or entry["expect"] in [m.id for m in report.matches]
         assert all(m.title.startswith("Not an AMP problem") for m in report.matches)
 
 
