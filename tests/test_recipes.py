@@ -293,19 +293,25 @@ def test_activation_checkpointing_finds_blocks_by_class_anywhere_and_keeps_names
 
 
 def test_activation_checkpointing_trains_and_resumes_exactly(tmp_path):
-    """The CNN's ConvBlocks (the transformer's Blocks train in the variants test), with a skipped fp16 step."""
+    """The CNN's ConvBlocks (the transformer's Blocks train in the variants test) under bf16 with the
+    NaN guard: a step with non-finite gradients is skipped, and a run stopped and resumed after it
+    ends with the same weights and the same skip count as the uninterrupted run."""
     import torch
 
-    opts = dict(model="cnn", precision="fp16", activation_checkpointing=True, checkpoint=True, nan_guard=True,
+    opts = dict(model="cnn", precision="bf16", activation_checkpointing=True, checkpoint=True, nan_guard=True,
                 eval=False, log_every=1)
-    whole = _run_with_faults(tmp_path, opts, "{2}", 6, out="whole")
+    whole = _run_with_faults(tmp_path, opts, "{2, 5}", 7, out="whole")
     assert whole.returncode == 0, whole.stderr
-    assert "fp16 steps skipped by the scaler: 1" in whole.stdout
-    first = _run_with_faults(tmp_path, opts, "{2}", 6, "--stop-at", "3", out="split")
-    second = _run_with_faults(tmp_path, opts, "{2}", 6, "--resume", out="split")
+    assert "non-finite steps skipped: 2" in whole.stdout
+    first = _run_with_faults(tmp_path, opts, "{2, 5}", 7, "--stop-at", "3", out="split")
+    second = _run_with_faults(tmp_path, opts, "{2, 5}", 7, "--resume", out="split")
     assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout
     a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
     b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
     assert list(a["model"]) == list(b["model"]) and not any(".block." in k for k in a["model"])
+    assert a["batches_seen"] == b["batches_seen"]
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+        if a["model"][key].is_floating_point():
+            assert torch.isfinite(a["model"][key]).all(), key
