@@ -333,8 +333,9 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         return "fp32"
     if dev.bf16:
         if a["bitexact_fp16"]:
-            why("bitexact_fp16", "you must reproduce an fp16 result bit for bit: stay in fp16 with GradScaler "
-                                 "(bf16 rounds differently, so its results cannot match)")
+            why("bitexact_fp16", "you must reproduce an fp16 result bit for bit: stay in fp16"
+                + (" with GradScaler" if a.get("training") != "inference" else "")
+                + " (bf16 rounds differently, so its results cannot match)")
             if overflow_possible:
                 warn(f"if the NaNs come from fp16 overflow, bf16 would remove them on the {dev.name}; once "
                      "bit-exactness is no longer needed, switch to bf16")
@@ -460,12 +461,13 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
             "bad samples (inf/NaN in inputs or labels), a learning rate too high (lower it or lengthen warm-up), "
             "log/sqrt/division of values near zero, and exploding gradients (clip them). The NaN guard keeps "
             "them out of the weights meanwhile")
-    if a["grad_clipping"]:
+    training = task != "inference"  # clipping, accumulation and loss scaling need a backward pass
+    if a["grad_clipping"] and training:
         opts["clip"] = 1.0
         why("grad_clipping", "you clip gradients: the recipe unscales first (scaler.unscale_) so the threshold "
                              "applies to the true gradients" if precision == "fp16" else
                              "you clip gradients: the recipe clips the global norm right before the optimizer step")
-    if a["grad_accumulation"] and a["grad_accumulation"] > 1:
+    if a["grad_accumulation"] and a["grad_accumulation"] > 1 and training:
         opts["accum"] = a["grad_accumulation"]
         why("grad_accumulation", f"you accumulate {a['grad_accumulation']} micro-batches: the loss is divided by "
             f"{a['grad_accumulation']}" + (", and the scaler steps and updates once per optimizer step, "
@@ -495,7 +497,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
                          "activation checkpointing instead)" + (", and SyncBatchNorm so the statistics pool every "
                          "GPU's micro-batch" if a["multi_gpu"] != "none" else ", or GroupNorm/LayerNorm, which do "
                          "not depend on the batch"))
-        if a["multi_gpu"] == "ddp":
+        if a["multi_gpu"] == "ddp" and opts.get("model") == "cnn":  # the recipe's model with BatchNorm
             opts["sync_batchnorm"] = True
     if a["multi_gpu"] != "none":
         opts["distributed"] = a["multi_gpu"]
