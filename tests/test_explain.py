@@ -195,3 +195,21 @@ def test_second_held_out_set():
     assert amp_right >= 0.9 * amp_total
     assert ctrl_right == ctrl_total
 
+
+
+def test_real_loss_scale_logs_from_public_threads():
+    """Shapes of logs pasted in public issues: DeepSpeed calibrating down from 2^32 and recovering
+    (zai-org/CogVideo#233: no warning), DeepSpeed falling to 2 before 'already at minimum'
+    (ymcui/Chinese-LLaMA-Alpaca#534: warning), apex halving below 1 (NVIDIA/apex#834: error; its
+    'loss scaler 0' is the scaler's index, not a scale)."""
+    deepspeed = ("[2024-09-11 17:52:{i:02d},320] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+                 "Skipping step. Attempted loss scale: {a}, reducing to {b}")
+    calibrating = "\n".join(deepspeed.format(i=i, a=2 ** (32 - i), b=2 ** (31 - i)) for i in range(7))
+    assert "loss-scale-falling" not in [m.id for m in explain_log(calibrating).matches]
+    collapsing = "\n".join(deepspeed.format(i=i, a=2 ** (6 - i), b=2 ** (5 - i)) for i in range(6))
+    falling = [m for m in explain_log(collapsing).matches if m.id == "loss-scale-falling"]
+    assert falling and falling[0].severity == "warning" and "64 -> 2" in falling[0].title
+    apex = "\n".join(f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {2.0 ** (15 - i)}"
+                     for i in range(20))
+    falling = [m for m in explain_log(apex).matches if m.id == "loss-scale-falling"]
+    assert falling and falling[0].severity == "error" and "32768 -> 0.0625" in falling[0].title
