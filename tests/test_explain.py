@@ -131,8 +131,9 @@ def test_every_real_message(entry):
     if entry.get("amp", True):
         assert entry["expect"] in [m.id for m in report.matches], [m.id for m in report.matches]
         assert report.verdict == "amp"
-    else:  # a non-AMP control: said so, and no AMP rule or symptom
-        assert report.verdict == "not an AMP problem" and report.rules == [] and report.symptoms == []
+    else:  # a non-AMP control: said so, and no AMP rule or AMP symptom (running out of memory is not one)
+        assert report.verdict == "not an AMP problem" and report.rules == [] and set(report.symptoms) <= {"oom"}
+        assert "expect" not in entry or entry["expect"] in [m.id for m in report.matches]
         assert all(m.title.startswith("Not an AMP problem") for m in report.matches)
 
 
@@ -167,3 +168,48 @@ def test_json_says_not_an_amp_problem(capsys, monkeypatch):
     assert main(["explain", "-", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "not an AMP problem" and data["rules"] == [] and data["amp_related"] is False
+
+
+def _held_out_score(entries: list[dict]) -> tuple[int, int, int, int]:
+    """(AMP messages recognised, AMP total, controls kept clear of AMP, controls total)."""
+    amp_right = amp_total = ctrl_right = ctrl_total = 0
+    for e in entries:
+        report = explain_log(e["text"])
+        if e["amp"]:
+            amp_total += 1
+            amp_right += report.verdict == "amp"
+        else:
+            ctrl_total += 1
+            ctrl_right += (report.verdict != "amp" and not report.rules and set(report.symptoms) <= {"oom"})
+    return amp_right, amp_total, ctrl_right, ctrl_total
+
+
+def test_second_held_out_set():
+    """Real pasted messages and non-AMP controls collected before the patterns were changed for them
+    (scores before/after in docs/explain.md): 9 in 10 AMP messages recognised, no control called AMP."""
+    entries = _data("explain_heldout_b.yaml")
+    assert all(e.get("source") for e in entries)
+    amp_right, amp_total, ctrl_right, ctrl_total = _held_out_score(entries)
+    print(f"held-out b: AMP {amp_right}/{amp_total}, controls {ctrl_right}/{ctrl_total}")
+    assert amp_total >= 25 and ctrl_total >= 15
+    assert amp_right >= 0.9 * amp_total
+    assert ctrl_right == ctrl_total
+
+
+
+def test_real_loss_scale_logs_from_public_threads():
+    """Shapes of logs pasted in public issues: DeepSpeed calibrating down from 2^32 and recovering
+    (zai-org/CogVideo#233: no warning), DeepSpeed falling to 2 before 'already at minimum'
+    (ymcui/Chinese-LLaMA-Alpaca#534: warning), apex halving below 1 (NVIDIA/apex#834: error; its
+    'loss scaler 0' is the scaler's index, not a scale)."""
+    deepspeed = ("[2024-09-11 17:52:{i:02d},320] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+                 "Skipping step. Attempted loss scale: {a}, reducing to {b}")
+    calibrating = "\n".join(deepspeed.format(i=i, a=2 ** (32 - i), b=2 ** (31 - i)) for i in range(7))
+    assert "loss-scale-falling" not in [m.id for m in explain_log(calibrating).matches]
+    collapsing = "\n".join(deepspeed.format(i=i, a=2 ** (6 - i), b=2 ** (5 - i)) for i in range(6))
+    falling = [m for m in explain_log(collapsing).matches if m.id == "loss-scale-falling"]
+    assert falling and falling[0].severity == "warning" and "64 -> 2" in falling[0].title
+    apex = "\n".join(f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {2.0 ** (15 - i)}"
+                     for i in range(20))
+    falling = [m for m in explain_log(apex).matches if m.id == "loss-scale-falling"]
+    assert falling and falling[0].severity == "error" and "32768 -> 0.0625" in falling[0].title

@@ -156,7 +156,7 @@ def test_ask_bad_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_ask_interactive(monkeypatch, capsys):
-    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "", "",
+    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "", "", "", "",
                     "loss: nan", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(replies))
     assert main(["ask", "--format", "json"]) == 0
@@ -194,7 +194,7 @@ GPU_NAMES = [
     ("NVIDIA L4", "Ada", (8, 9), 24, "bf16"),
     ("NVIDIA GeForce GTX 1660 SUPER", "Turing", (7, 5), 6, "fp16"),
     ("Tesla K80", "Kepler", (3, 7), 12, "fp32"),
-    ("NVIDIA RTX 6000 Ada Generation", "Ada", (8, 9), None, "bf16"),
+    ("NVIDIA RTX 6000 Ada Generation", "Ada", (8, 9), 48, "bf16"),
     ("Quadro RTX 8000", "Turing", (7, 5), 48, "fp16"),
     ("NVIDIA H100 80GB HBM3", "Hopper", (9, 0), 80, "bf16"),
     ("NVIDIA B200", "Blackwell", (10, 0), 180, "bf16"),

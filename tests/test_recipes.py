@@ -223,3 +223,95 @@ def test_gan_refuses_options_it_does_not_take(capsys):
     assert main(["recipe", "--model", "gan", "--distributed", "ddp", "--scheduler", "cosine"]) == 2
     err = capsys.readouterr().err
     assert "--distributed is not available with --model gan" in err and "--scheduler" in err
+
+
+def _checkpoint_blocks_function():
+    """`checkpoint_blocks` as the rendered recipe defines it (its own source, run in a namespace)."""
+    import ast
+
+    import torch
+    import torch.nn as nn
+    import torch.utils.checkpoint  # noqa: F401  (the recipe imports it)
+
+    text = recipes.render_recipe(activation_checkpointing=True)
+    fn = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "checkpoint_blocks")
+    namespace = {"torch": torch, "nn": nn}
+    exec(compile(ast.Module([fn], []), "recipe", "exec"), namespace)
+    return namespace["checkpoint_blocks"]
+
+
+def test_activation_checkpointing_finds_blocks_by_class_anywhere_and_keeps_names():
+    """No `model.blocks` needed: blocks of the named class are recomputed wherever they sit, the
+    gradients are those of the plain model, and the parameter names (hence checkpoints) do not change."""
+    import copy
+
+    import torch
+    import torch.nn as nn
+
+    checkpoint_blocks = _checkpoint_blocks_function()
+    calls = []
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x, scale=1.0):
+            calls.append(1)
+            return x + torch.tanh(self.fc(x)) * scale
+
+    class Net(nn.Module):  # blocks under another name, one nested deeper, and a keyword argument
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.ModuleDict({"layers": nn.ModuleList([DecoderLayer(), DecoderLayer()])})
+            self.extra = nn.Sequential(nn.Linear(8, 8), DecoderLayer())
+
+        def forward(self, x):
+            for layer in self.encoder["layers"]:
+                x = layer(x, scale=0.5)
+            return self.extra(x).sum()
+
+    torch.manual_seed(0)
+    plain, wrapped = Net(), None
+    wrapped = copy.deepcopy(plain)
+    assert checkpoint_blocks(wrapped, {"DecoderLayer"}) == 3
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    x = torch.randn(4, 8)
+    plain(x).backward()
+    calls.clear()
+    wrapped(x).backward()
+    assert len(calls) == 6  # each of the 3 blocks ran again in backward: activations were not stored
+    for (name, p), q in zip(plain.named_parameters(), wrapped.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+    calls.clear()
+    wrapped.eval()
+    with torch.no_grad():
+        wrapped(x)
+    assert len(calls) == 3  # no checkpointing outside training
+    with pytest.raises(SystemExit, match="CHECKPOINT_CLASSES"):
+        checkpoint_blocks(Net(), {"LlamaDecoderLayer"})
+
+
+def test_activation_checkpointing_trains_and_resumes_exactly(tmp_path):
+    """The CNN's ConvBlocks (the transformer's Blocks train in the variants test) under bf16 with the
+    NaN guard: a step with non-finite gradients is skipped, and a run stopped and resumed after it
+    ends with the same weights and the same skip count as the uninterrupted run."""
+    import torch
+
+    opts = dict(model="cnn", precision="bf16", activation_checkpointing=True, checkpoint=True, nan_guard=True,
+                eval=False, log_every=1)
+    whole = _run_with_faults(tmp_path, opts, "{2, 5}", 7, out="whole")
+    assert whole.returncode == 0, whole.stderr
+    assert "non-finite steps skipped: 2" in whole.stdout
+    first = _run_with_faults(tmp_path, opts, "{2, 5}", 7, "--stop-at", "3", out="split")
+    second = _run_with_faults(tmp_path, opts, "{2, 5}", 7, "--resume", out="split")
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    assert list(a["model"]) == list(b["model"]) and not any(".block." in k for k in a["model"])
+    assert a["batches_seen"] == b["batches_seen"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+        if a["model"][key].is_floating_point():
+            assert torch.isfinite(a["model"][key]).all(), key

@@ -109,7 +109,9 @@ def _fill(text: str, groups: list) -> str:
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
 # "loss scale", "loss_scale", "grad scale", or a bare "scale" (our recipes' logs); not "lr_scale",
 # "img_scale" or "scale_factor": other scales that fall on purpose are not the loss scale.
-_SCALE = re.compile(r"(?:(?<![\w])(?:loss|grad)[ _-]?|(?<![\w-]))scale(?:r)?['\"]?[ \t]*(?:[=:]|to)?[ \t]*" + _NUMBER
+# apex prints "loss scaler 0 reducing loss scale to 512.0": the 0 is the scaler's index, not a scale.
+_SCALE = re.compile(r"(?:(?<![\w])(?:loss|grad)[ _-]?|(?<![\w-]))scale(?:r(?![ \t]+\d+[ \t]+reducing))?['\"]?[ \t]*"
+                    r"(?:[=:]|to)?[ \t]*" + _NUMBER
                     + r"(?![\w.])", re.IGNORECASE)
 _LOSS = re.compile(r"(?<!\w)(?<!val )(?<!eval )(?:train[ _])?loss['\"]?[ \t]*[=:]?[ \t]*(?:tensor\([ \t]*)?"
                    + _NUMBER + r"(?![\w.])", re.IGNORECASE)
@@ -148,6 +150,10 @@ def _scale_trend(text: str, starts: list[int]) -> LogMatch | None:
     # A normal fp16 start halves the scale a few times, then holds it (65536 -> 8192 in 3 skips while
     # the loss falls): only a scale that is still falling in the last third of the log is a problem.
     still_falling = bool(drops) and drops[-1] > 2 * len(values) // 3 and last < first
+    # DeepSpeed starts at up to 2^32 and halves for a few dozen steps to find its level: a scale still
+    # at or above torch's own starting value (2^16) is calibrating, not failing.
+    if last >= 65536:
+        return None
     if not ((len(drops) >= 3 and last <= first / 8 and still_falling) or (last < 1 <= first)):
         return None
     line = values[0][0]

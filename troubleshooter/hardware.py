@@ -206,7 +206,7 @@ def _nvidia(name: str, cc: tuple[int, int], memory, memory_from_name: bool, *, k
 def _other(name: str, arch_name: str, memory, memory_from_name: bool, *, known: bool, warnings=()) -> ResolvedGpu:
     facts = _products()["other_architectures"][arch_name]
     return ResolvedGpu(name, facts["vendor"], facts["backend"], arch_name, None, facts["bf16"], facts["fp16_fast"],
-                       facts["bf16"] or facts["fp16_fast"], False, facts["fp8"], memory, memory_from_name, known,
+                       facts.get("matrix_cores", True), False, facts["fp8"], memory, memory_from_name, known,
                        facts["note"], tuple(warnings))
 
 
@@ -266,13 +266,22 @@ def resolve_gpu(text: str) -> ResolvedGpu:
         usual = (model.memory_gb if model else product.get("memory_gb") if product else None)
         return _nvidia(label, cc, memory if from_name else usual, from_name, known=True,
                        tensor_cores=product.get("tensor_cores") if product else None, warnings=warn, model=model)
+    size_warning = ()
+    if product is not None and from_name and memory > product.get("max_gpu_memory_gb", float("inf")):
+        # A size larger than any of the product's GPUs holds names the system memory (GH200 480GB).
+        size_warning = (f"{raw!r}: {memory:g} GB is more than any {product['name']} GPU holds (it is the "
+                        f"system memory); used the GPU's {product.get('memory_gb')} GB",)
+        memory, from_name = None, False
     if product is not None:
         cc = parse_cc(product["cc"])
         if model is not None and parse_cc(model.cc) != cc:
             model = None
-        usual = model.memory_gb if model else product.get("memory_gb")
-        return _nvidia(model.name if model else product["name"], cc, memory if from_name else usual, from_name,
-                       known=True, tensor_cores=product.get("tensor_cores"), model=model)
+        # A product variant the model table lumps with its base chip (H100 NVL vs H100) keeps its own size.
+        variant = model is not None and product["name"] != model.name and product.get("memory_gb") is not None
+        usual = product.get("memory_gb") if variant or model is None else model.memory_gb
+        return _nvidia(product["name"] if variant or model is None else model.name, cc,
+                       memory if from_name else usual, from_name, known=True,
+                       tensor_cores=product.get("tensor_cores"), warnings=size_warning, model=model)
     if model is not None:
         return _nvidia(model.name, parse_cc(model.cc), memory if from_name else model.memory_gb, from_name,
                        known=True, model=model)

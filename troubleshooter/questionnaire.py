@@ -159,6 +159,7 @@ class Decision:
     device: str = ""
     symptoms_from_log: list[str] = field(default_factory=list)
     device_facts: dict = field(default_factory=dict)  # what the GPU answer resolved to
+    training: str = "train"  # train | finetune | lora | inference (the `training` answer)
 
     def to_dict(self) -> dict:
         """The `ask --format json` object."""
@@ -171,11 +172,14 @@ class Decision:
             "reasons_by_answer": [{"answer": r.answer, "reason": r.text} for r in self.reasons],
             "symptoms_from_log": list(self.symptoms_from_log),
             "device_facts": dict(self.device_facts),
+            "training": self.training,
         }
 
     def to_text(self) -> str:
         label = {"bf16": "bf16 (autocast, no loss scaling)", "fp16": "fp16 with GradScaler",
                  "fp32": "stay in fp32"}[self.precision]
+        if self.training == "inference" and self.precision == "fp16":
+            label = "fp16 (inference: no GradScaler)"
         lines = [f"Precision: {label}" + (f"   [{self.device}]" if self.device else ""), "", "Why:"]
         lines += [f"  - {r.text}" for r in self.reasons]
         if self.warnings:
@@ -329,8 +333,9 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         return "fp32"
     if dev.bf16:
         if a["bitexact_fp16"]:
-            why("bitexact_fp16", "you must reproduce an fp16 result bit for bit: stay in fp16 with GradScaler "
-                                 "(bf16 rounds differently, so its results cannot match)")
+            why("bitexact_fp16", "you must reproduce an fp16 result bit for bit: stay in fp16"
+                + (" with GradScaler" if a.get("training") != "inference" else "")
+                + " (bf16 rounds differently, so its results cannot match)")
             if overflow_possible:
                 warn(f"if the NaNs come from fp16 overflow, bf16 would remove them on the {dev.name}; once "
                      "bit-exactness is no longer needed, switch to bf16")
@@ -357,13 +362,14 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         why("bf16_pretrained", f"weights pretrained in bf16 overflow fp16 (values beyond 65504) and you already "
                                f"see NaNs; the {dev.name} has no bf16, so stay fp32 (or train on an Ampere+ GPU in bf16)")
         return "fp32"
+    scaler = (f"with GradScaler{'(' + repr(dev.kind) + ')' if dev.kind not in ('cuda', '') else ''}"
+              if a.get("training") != "inference" else "(no GradScaler: inference has no gradients)")
     if dev.vendor not in ("nvidia", ""):
-        why("gpu", f"the {dev.name} ({dev.arch}) runs fp16 natively but not bf16 at full speed, so fp16 with "
-                   f"GradScaler{'(' + repr(dev.kind) + ')' if dev.kind != 'cuda' else ''}")
+        why("gpu", f"the {dev.name} ({dev.arch}) runs fp16 natively but not bf16 at full speed, so fp16 {scaler}")
     else:
-        why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 with GradScaler"
+        why("gpu", f"the {dev.name} ({dev.arch or 'no bf16'}) has no bf16 tensor cores, so fp16 {scaler}"
             if dev.tensor_cores else
-            f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 with GradScaler")
+            f"the {dev.name} runs fp16 at twice its fp32 rate but has no bf16, so fp16 {scaler}")
     if a["bf16_pretrained"]:
         warn("weights pretrained in bf16 often overflow fp16 (activations beyond 65504): watch for NaNs "
              "(the recipe's NaN guard counts them); `python -m troubleshooter check` finds the layer")
@@ -371,6 +377,35 @@ def _choose_precision(dev: _Device, a: dict, why, warn) -> str:
         why("symptoms", "NaNs under fp16 on a GPU without bf16: keep GradScaler and add the NaN guard; run "
                         "`python -m troubleshooter check` to find the first layer that overflows")
     return "fp16"
+
+
+def _task_reasons(task: str, precision: str, a: dict, dev: _Device, why, warn) -> None:
+    """What fine-tuning adapters, inference, or float16 weights on disk change about the advice."""
+    dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}[precision]
+    if task == "inference":
+        why("training", "inference: no gradients, so no loss scaling and no float32 master weights are needed; cast "
+            f"the model (model.to({dtype})) or run it under torch.autocast, with model.eval() and "
+            "torch.inference_mode()" if precision != "fp32" else
+            "inference in fp32: model.eval() and torch.inference_mode() are the speed-ups that remain")
+        warn("the generated script is a training loop; for inference keep only its model, device and precision setup")
+    elif task == "lora":
+        why("training", "adapters (LoRA): keep the frozen base weights in "
+            + (f"{dtype} (or 8-bit/4-bit)" if precision != "fp32" else "float32 (or 8-bit/4-bit)")
+            + " and the trainable adapter weights in float32"
+            + (": GradScaler unscales only float32 gradients ('Attempting to unscale FP16 gradients.' otherwise)"
+               if precision == "fp16" else ": the optimizer updates them precisely"))
+    if a.get("fp16_weights"):
+        if task == "inference":
+            why("fp16_weights", "weights stored in float16 can run as they are in fp16"
+                + ("; converting them to bf16 drops 3 mantissa bits, harmless for most models" if precision == "bf16"
+                   else ""))
+        elif task == "lora":
+            why("fp16_weights", "weights stored in float16: the frozen base may stay float16; only the adapters must "
+                                "be float32")
+        else:
+            why("fp16_weights", "weights stored in float16: call model.float() after loading, before building the "
+                                "optimizer: autocast computes in half precision, the optimizer must update float32 "
+                                "master weights (GradScaler refuses float16 gradients: AMP111)")
 
 
 def decide(answers: dict, *, device: _Device | None = None) -> Decision:
@@ -396,9 +431,11 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     precision = _choose_precision(dev, a, why, warnings.append)
     half = precision in ("fp16", "bf16")
     opts: dict[str, Any] = {"precision": precision, "checkpoint": True, "scheduler": "cosine", "eval": True}
-    if precision == "fp16":
+    task = a.get("training") or "train"
+    if precision == "fp16" and task != "inference":
         why("gpu", "fp16: the recipe scales the loss, skips steps whose gradients overflow, steps the LR scheduler "
             "only when the optimizer really stepped, and saves the scaler state in checkpoints")
+    _task_reasons(task, precision, a, dev, why, warnings.append)
     if dev.backend_note and dev.kind != "cpu":
         warnings.append(f"{dev.name} ({dev.arch}): {dev.backend_note}")
     if precision == "fp32" and dev.tf32 and not _tiny_model(a):
@@ -416,18 +453,21 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     if nan_in in ("bf16", "fp32"):
         source = " (your log shows it ran in bf16)" if precision_from_log == "bf16" else ""
         why("current_precision" if not precision_from_log else "log",
-            f"NaNs under {nan_in}{source} are not an fp16 overflow ({nan_in} has float32's exponent range): it is a "
+            f"NaNs under {nan_in}{source} are not an fp16 overflow ("
+            + ("bf16 has float32's exponent range" if nan_in == "bf16" else "the run was float32 throughout")
+            + "): it is a "
             "model, data or learning-rate problem. Localise it: `python -m troubleshooter check` (the NaN hunt "
             "names the first module whose output turns non-finite) or trace your script over a few steps; look for "
             "bad samples (inf/NaN in inputs or labels), a learning rate too high (lower it or lengthen warm-up), "
             "log/sqrt/division of values near zero, and exploding gradients (clip them). The NaN guard keeps "
             "them out of the weights meanwhile")
-    if a["grad_clipping"]:
+    training = task != "inference"  # clipping, accumulation and loss scaling need a backward pass
+    if a["grad_clipping"] and training:
         opts["clip"] = 1.0
         why("grad_clipping", "you clip gradients: the recipe unscales first (scaler.unscale_) so the threshold "
                              "applies to the true gradients" if precision == "fp16" else
                              "you clip gradients: the recipe clips the global norm right before the optimizer step")
-    if a["grad_accumulation"] and a["grad_accumulation"] > 1:
+    if a["grad_accumulation"] and a["grad_accumulation"] > 1 and training:
         opts["accum"] = a["grad_accumulation"]
         why("grad_accumulation", f"you accumulate {a['grad_accumulation']} micro-batches: the loss is divided by "
             f"{a['grad_accumulation']}" + (", and the scaler steps and updates once per optimizer step, "
@@ -441,7 +481,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     family = a["model_family"]
     if family == "cnn":
         opts["model"] = "cnn"
-        if half and dev.kind == "cuda":
+        if half and dev.kind == "cuda" and dev.tensor_cores and dev.vendor == "nvidia":
             opts["channels_last"] = True
             why("model_family", "a CNN on tensor cores: channels_last lets cuDNN pick tensor-core convolutions "
                                 "without layout transposes")
@@ -457,7 +497,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
                          "activation checkpointing instead)" + (", and SyncBatchNorm so the statistics pool every "
                          "GPU's micro-batch" if a["multi_gpu"] != "none" else ", or GroupNorm/LayerNorm, which do "
                          "not depend on the batch"))
-        if a["multi_gpu"] == "ddp":
+        if a["multi_gpu"] == "ddp" and opts.get("model") == "cnn":  # the recipe's model with BatchNorm
             opts["sync_batchnorm"] = True
     if a["multi_gpu"] != "none":
         opts["distributed"] = a["multi_gpu"]
@@ -482,15 +522,31 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
         if precision == "fp16":
             warnings.append("under fp16, a loss scale that keeps falling means most steps are skipped: run "
                             "`python -m troubleshooter check` for the skip rate")
-    if "oom" in symptoms:
+    if "oom" in symptoms and task == "inference":
+        warnings.append("out of memory in inference: half-precision weights take 2 bytes per parameter; run under "
+                        "torch.inference_mode(), lower the batch size, or quantize the weights (8-bit/4-bit)")
+    elif "oom" in symptoms:
         opts["activation_checkpointing"] = True
-        text = ("out of memory: autocast halves activation memory but not weights, gradients or AdamW state "
+        text = ("out of memory: with adapters the frozen base weights and the activations dominate; activation "
+                "checkpointing (in the recipe) trades recomputation for activation memory" if task == "lora" else
+                "out of memory: autocast halves activation memory but not weights, gradients or AdamW state "
                 "(16 bytes per parameter); activation checkpointing (in the recipe) trades recomputation for "
                 "activation memory")
         if not a["batchnorm"]:
             text += "; or lower --batch-size and raise gradient accumulation (same effective batch)"
+        if a["multi_gpu"] == "ddp":
+            text += ("; with several GPUs, FSDP (multi_gpu: fsdp) also shards weights, gradients and optimizer "
+                     "state, which DDP copies to every GPU")
         warnings.append(text)
-    if a["params_millions"] and dev.memory_gb:
+    if a["params_millions"] and dev.memory_gb and task in ("inference", "lora"):
+        per_param = 4 if precision == "fp32" else 2
+        need_gb = a["params_millions"] * 1e6 * per_param / 1e9
+        if need_gb > 0.8 * dev.memory_gb:
+            warnings.append(f"{a['params_millions']:g}M parameters take ~{need_gb:.0f} GB as {precision} weights"
+                            f"{' (the frozen base)' if task == 'lora' else ''}; the {dev.name} has "
+                            f"{dev.memory_gb:g} GB: load the base weights in 8-bit or 4-bit (bitsandbytes"
+                            f"{', QLoRA' if task == 'lora' else ''}) or split the model across GPUs")
+    elif a["params_millions"] and dev.memory_gb:
         need_gb = a["params_millions"] * 1e6 * BYTES_PER_PARAM_ADAMW / 1e9
         if need_gb > 0.8 * dev.memory_gb:
             text = (f"{a['params_millions']:g}M parameters need ~{need_gb:.0f} GB for float32 weights, gradients "
@@ -518,4 +574,4 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     facts = {"name": dev.name, "kind": dev.kind, "vendor": dev.vendor, "architecture": dev.arch,
              "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev.cc else None, "memory_gb": dev.memory_gb,
              "bf16": dev.bf16, "fp16_fast": dev.fp16_fast, "tensor_cores": dev.tensor_cores, "tf32": dev.tf32}
-    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts)
+    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts, task)

@@ -16,7 +16,8 @@ def register(subparsers) -> None:
         help="answer a few questions: FP16 or BF16 (or stay FP32), why, and a training loop",
         description="Interactive in a terminal; or pass --answers FILE (YAML or JSON with the keys "
         "gpu, model_family, params_millions, symptoms, current_precision, grad_clipping, grad_accumulation, "
-        "custom_exp_log_loss, batchnorm, multi_gpu, bitexact_fp16, bf16_pretrained; only gpu is required). "
+        "custom_exp_log_loss, batchnorm, multi_gpu, bitexact_fp16, bf16_pretrained, training (train/finetune/lora/"
+        "inference), fp16_weights; only gpu is required). "
         "gpu: any GPU name from any vendor, or a compute capability (sm_86, 8.6).",
     )
     p.add_argument("--answers", metavar="FILE", help="answers file (.yaml/.yml/.json); '-' reads YAML/JSON from stdin")

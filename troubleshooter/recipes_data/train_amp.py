@@ -91,6 +91,13 @@ CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
 # [end]
 #| FSDP_MIN_PARAMS = 1_000_000  # size policy: a unit per module holding this many parameters
 # [end]
+# [option: activation_checkpointing]
+# [option: model=transformer]
+#| CHECKPOINT_CLASSES = {"Block"}  # module classes whose activations are recomputed (add yours: "LlamaDecoderLayer")
+# [else]
+#| CHECKPOINT_CLASSES = {"ConvBlock"}  # module classes whose activations are recomputed (add your block class)
+# [end]
+# [end]
 # [option: streak]
 MAX_NONFINITE_STREAK = 20  # abort after this many update attempts in a row dropped for inf/NaN
 # [end]
@@ -300,15 +307,17 @@ def make_samples(gen: torch.Generator, n: int = BATCH_SIZE):
 #| THROUGHPUT_UNIT, ITEMS_PER_SAMPLE = "img", 1
 #|
 #|
-#| def conv_block(c_in: int, c_out: int, stride: int = 1) -> nn.Module:
-#|     # BatchNorm keeps its statistics in float32 under autocast.
-#|     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+#| class ConvBlock(nn.Sequential):
+#|     """Conv, BatchNorm (its statistics stay float32 under autocast), ReLU."""
+#|
+#|     def __init__(self, c_in: int, c_out: int, stride: int = 1):
+#|         super().__init__(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
 #|
 #|
 #| class SmallCNN(nn.Module):
 #|     def __init__(self):
 #|         super().__init__()
-#|         self.blocks = nn.Sequential(conv_block(IN_CHANNELS, WIDTH), conv_block(WIDTH, 2 * WIDTH, 2))
+#|         self.blocks = nn.Sequential(ConvBlock(IN_CHANNELS, WIDTH), ConvBlock(WIDTH, 2 * WIDTH, 2))
 #|         self.head = nn.Linear(2 * WIDTH, NUM_CLASSES)
 #|
 #|     def forward(self, x):
@@ -456,17 +465,24 @@ def get_batch(split: str, index: int):
 # [option: activation_checkpointing]
 
 
-#| class Checkpointed(nn.Module):
-#|     """A block whose activations are recomputed during backward (non-reentrant checkpoint)."""
+#| def checkpoint_blocks(model: nn.Module, classes: set) -> int:
+#|     """Recompute the activations of every submodule whose class is in `classes` during backward
+#|     (non-reentrant checkpoint), wherever it sits in the model. Only `forward` is replaced, so the
+#|     parameter names, the state_dict and the checkpoints stay those of the plain model."""
+#|     blocks = [m for m in model.modules() if type(m).__name__ in classes]
+#|     if not blocks:
+#|         raise SystemExit(f"activation checkpointing: the model has no module of class {sorted(classes)}; "
+#|                          "set CHECKPOINT_CLASSES to the class name of its repeated blocks")
+#|     for block in blocks:
+#|         plain = block.forward
 #|
-#|     def __init__(self, block: nn.Module):
-#|         super().__init__()
-#|         self.block = block
+#|         def forward(*args, _block=block, _plain=plain, **kwargs):
+#|             if not (_block.training and torch.is_grad_enabled()):
+#|                 return _plain(*args, **kwargs)
+#|             return torch.utils.checkpoint.checkpoint(_plain, *args, use_reentrant=False, **kwargs)
 #|
-#|     def forward(self, *args):
-#|         if not self.training:
-#|             return self.block(*args)
-#|         return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False)
+#|         block.forward = forward
+#|     return len(blocks)
 # [end]
 
 
@@ -478,8 +494,7 @@ model = build_model().to(device)
 # [option: activation_checkpointing]
 #| # Activation checkpointing: each block's activations are recomputed in backward instead of stored,
 #| # about a third more compute for a fraction of the activation memory. Autocast state is replayed.
-#| for i, block in enumerate(model.blocks):
-#|     model.blocks[i] = Checkpointed(block)
+#| checkpoint_blocks(model, CHECKPOINT_CLASSES)
 # [end]
 # [option: sync_batchnorm]
 #| if device.type == "cuda":  # SyncBatchNorm needs GPU tensors; on CPU each process keeps plain BatchNorm
