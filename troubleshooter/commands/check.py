@@ -54,6 +54,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    started_at = time.time()  # importing torch and building the model count against --budget
     from ..engine.check import check_source, parse_only
     from ..spec import source_from_args
 
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     source = source_from_args(args)
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     result = check_source(source, allow_exec=args.allow_exec, device=args.device, only=args.only,
-                          steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget)
+                          steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget,
+                          started_at=started_at)
     if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
@@ -101,7 +105,7 @@ def render_text(r: dict[str, Any]) -> str:
                     "than asked (raise --budget):"] + [f"  - {c}" for c in b["cut"]]
     if b.get("exceeded_s"):
         out.append(f"  note: the run took {b['exceeded_s']:.1f} s more than the budget "
-                   "(a check always finishes the step it is in)")
+                   "(a step that had started is always finished)")
     for name, fn in (("capability", _capability_text), ("alignment", _alignment_text),
                      ("skiprate", _skiprate_text), ("nan", _nan_text), ("headroom", _headroom_text)):
         title = {"capability": "Capability", "alignment": "Alignment (tensor-core multiples)",
@@ -202,7 +206,7 @@ def _nan_text(r: dict) -> list[str]:
             ev = sec.get(key)
             if ev:
                 where = f"'{ev.get('module')}'" if ev.get("module") is not None else "the loss"
-                parts.append(f"{key.replace('first_', '')}: {ev.get('kind', 'non-finite')} first at {where}"
+                parts.append(f"{key.replace('first_', '')}: {ev.get('value') or ev.get('kind', 'non-finite')} first at {where}"
                              + (f" ({ev['class']})" if ev.get("class") else ""))
         if sec.get("error"):
             parts.append(f"error: {sec['error']}")

@@ -21,7 +21,7 @@ from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
 from . import scaled_grads
-from .budget import past
+from .budget import expected_step_s, fits
 
 FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
@@ -234,7 +234,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
                     h.remove()
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the reference measurements
-    host["scaled"] = (None if past(deadline) else
+    host["scaled"] = (None if not fits(deadline, expected_step_s("fp16")) else
                       _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline))
     del model, out32, loss32, batch, ref_grads
     host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
@@ -260,7 +260,7 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     total_hist = [sum(col) for col in zip(*host["grad_hist"])]
     candidate = max(default.scale * 2, _flush_floor(total_hist))
-    if past(deadline):
+    if not fits(deadline, expected_step_s("fp16")):
         out["default"]["cut_by_budget"] = True
         return out
     higher = step_at(candidate) if _flush_floor(total_hist) > default.scale else None
@@ -278,7 +278,7 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     step = higher
     for _ in range(SCALE_TRIES):
-        if step is None and past(deadline):
+        if step is None and not fits(deadline, expected_step_s("fp16")):
             break
         step = step if step is not None else step_at(candidate)
         if step.scale is None or step.backoffs:  # the larger scale overflows: no single scale works

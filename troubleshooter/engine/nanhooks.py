@@ -71,6 +71,27 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return str(dtype).replace("torch.", "") if dtype is not None else None
 
 
+def nonfinite_value(lo: float, hi: float) -> str:
+    """What a non-finite tensor holds, from its min and max: "nan", "inf", "-inf" or both infs
+    (`kind` says only nan/inf; this keeps the sign a user needs: a -inf is a log of zero or a
+    mask, a +inf an overflow)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "nan"
+    if lo == -math.inf and hi == math.inf:
+        return "inf and -inf"
+    return "-inf" if lo == -math.inf else "inf"
+
+
+def combined_value(values) -> str:
+    """One word for several non-finite tensors: nan wins, then the infinities seen."""
+    seen = {v for v in values if v}
+    if "nan" in seen:
+        return "nan"
+    pos = bool(seen & {"inf", "inf and -inf"})
+    neg = bool(seen & {"-inf", "inf and -inf"})
+    return "inf and -inf" if pos and neg else ("-inf" if neg else "inf")
+
+
 def number(x: float) -> float | str:
     """A JSON-safe number: finite floats as floats (6 significant digits), else 'inf'/'nan'."""
     if math.isnan(x):
@@ -340,8 +361,10 @@ class HookSet:
         finite = [math.isfinite(a) and math.isfinite(b) for a, b in zip(lo, hi)]
         max_abs = [max(abs(a), abs(b)) if f else (float("nan") if (math.isnan(a) or math.isnan(b)) else float("inf"))
                    for a, b, f in zip(lo, hi, finite)]
+        values = [None if f else nonfinite_value(a, b) for a, b, f in zip(lo, hi, finite)]
         for slot, source in step.alias.items():  # in creation order, so chains resolve
-            finite[slot], max_abs[slot] = finite[source], max_abs[source]
+            finite[slot], max_abs[slot], values[slot] = finite[source], max_abs[source], values[source]
+        self._values = values
         fwd = self._first_forward(step, finite, max_abs) if self.forward else None
         bwd, loss_grad = self._first_backward(step, finite, max_abs) if self.backward else (None, False)
         calls = [
@@ -367,6 +390,7 @@ class HookSet:
             out.update({
                 "phase": "forward",
                 "kind": "nan" if any(math.isnan(max_abs[s]) for s in bad) else "inf",
+                "value": combined_value(self._values[s] for s in bad),
                 "created": inputs_finite,
                 "inputs_finite": inputs_finite,
                 "input_max_abs": [number(max_abs[s]) for s in call.ins],
@@ -399,6 +423,7 @@ class HookSet:
                     seen_out.setdefault(ref[0].order, []).append(max_abs[slot])
                 continue
             base = {"phase": "backward", "kind": "nan" if math.isnan(max_abs[slot]) else "inf",
+                    "value": self._values[slot],
                     "grad_max_abs": number(max_abs[slot])}
             if kind == "param":
                 owner = self._param_owner[ref]
