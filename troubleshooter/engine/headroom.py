@@ -530,11 +530,13 @@ def _underflow_findings(r: HeadroomResult) -> list[Finding]:
     higher = d.get("compared_with")
     if higher and higher.get("gradient_relative_error") is not None:
         msg += f" ({_fmt(higher['gradient_relative_error'])} at scale {_pow2(higher['scale'])})"
-    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, _measured_suggestion(s),
+    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, _measured_suggestion(s, r.device),
                     Location(module=worst["module"]), precision="fp16", data=data)]
 
 
-def _measured_suggestion(s: dict[str, Any]) -> str:
+def _measured_suggestion(s: dict[str, Any], device: str = "cpu") -> str:
+    """The fix, naming the device the check ran on: torch.amp.GradScaler() without one makes a
+    CUDA scaler, wrong advice on a CPU."""
     d, sug = s["default_scaler"], s.get("suggested_scaler")
     bf16 = "Or train in bf16, which needs no loss scaling."
     if d.get("backoffs") or sug is None or not sug.get("fits"):
@@ -544,7 +546,8 @@ def _measured_suggestion(s: dict[str, Any]) -> str:
     tried = sug["tried_scale"]
     keeps = (f"; measured: at {_pow2(tried)} {sug['lost_share']:.2%} are lost and the gradient error is "
              f"{_fmt(sug.get('gradient_relative_error'))} (default: {_fmt(d.get('gradient_relative_error'))})")
-    return (f"Start GradScaler higher: torch.amp.GradScaler(init_scale={tried:.0f}) (it grows by itself only "
+    kind = str(device).split(":")[0]
+    return (f"Start GradScaler higher: torch.amp.GradScaler('{kind}', init_scale={tried:.0f}) (it grows by itself only "
             f"every 2000 steps){keeps}. {bf16}")
 
 
