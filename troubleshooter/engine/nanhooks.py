@@ -118,7 +118,8 @@ class _Call:
 class _Step:
     """Everything recorded between two `collect()`s; values stay on the device until then."""
 
-    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias")
+    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias",
+                 "hooks_todo")
 
     def __init__(self) -> None:
         self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
@@ -130,6 +131,7 @@ class _Step:
         self.autocast: str | None = None  # autocast dtype seen at the root call, if any
         self.pending = False  # anything recorded since the last collect
         self.alias: dict[int, int] = {}  # slot -> slot whose values it shares (transparent modules)
+        self.hooks_todo: list[tuple[Any, int, "_Call", int]] = []  # (node, output_nr, call, slot) to hook
 
 
 @dataclass
@@ -151,6 +153,10 @@ class StepReport:
 
 class HookSet:
     """Hooks on a module tree recording cheap on-device min/max; `collect()` analyses a step."""
+
+    # False: output-gradient hooks registered at once, every one (the behaviour before issue 11.8;
+    # bench/nan_overhead.py times both side by side)
+    defer_grad_hooks = True
 
     def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True,
                  ignore: Sequence[str] = ()):
@@ -312,7 +318,23 @@ class HookSet:
         call.outs = tuple(outs)
         call.order = len(step.calls)
         step.calls.append(call)
+        if idx == 0 and step.hooks_todo:
+            self._register_grad_hooks(step)
         return None
+
+    def _register_grad_hooks(self, step: _Step) -> None:
+        """At the end of the model's forward, every consumer of every output is known: hook only
+        the outputs whose gradient adds something (not those consumed by ReLU-like modules only,
+        whose own output gradient is checked; `_out_grad` would drop them anyway). In a model
+        of Linear+ReLU blocks this halves the hooks registered per step, the largest per-call
+        cost of the hunt (a handle and a partial per hook)."""
+        todo, step.hooks_todo = step.hooks_todo, []
+        for node, nr, call, slot in todo:
+            consumers = step.consumers.get(slot)
+            if consumers and all(c.module in self._transparent and c.module not in self._passes_grads
+                                 for c in consumers):
+                continue
+            node.register_prehook(partial(self._node_grad, step, call, slot, nr))
 
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
         if not (self._live and grad is not None and _measurable(grad)):
@@ -327,7 +349,9 @@ class HookSet:
 
     def _grad_hook(self, t: torch.Tensor, step: _Step, call: _Call, slot: int) -> None:
         node = t.grad_fn
-        if node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
+        if node is not None and self.defer_grad_hooks and step.stack and step.stack[0].module == 0:
+            step.hooks_todo.append((node, t.output_nr, call, slot))  # hooked when the model's forward ends
+        elif node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
             node.register_prehook(partial(self._node_grad, step, call, slot, t.output_nr))
         else:
             t.register_hook(partial(self._out_grad, step, call, slot))
