@@ -75,7 +75,9 @@ def no_room(deadline: float | None, next_step_s: float) -> bool:
 # rate of a short GEMM probe in that dtype (fp16 GEMMs dominate an emulated fp16 step, so the
 # probe predicts it within ~10%; an fp32/bf16 step is never assumed cheaper than fp32 GEMMs).
 
-PROBE_SHAPE = (1024, 256, 256)  # (m, k, n): ~0.05 s in emulated fp16, milliseconds elsewhere
+# (m, k, n): ~0.05 s in emulated fp16; fp32/bf16 run a larger one (milliseconds), since a small
+# GEMM understates their rate 2-4x and would make every prediction needlessly pessimistic
+PROBE_SHAPE = {"fp16": (1024, 256, 256), "other": (1024, 512, 512)}
 _RATES: dict[tuple[str, str], float] = {}  # (device type, precision) -> FLOP/s, per process
 
 
@@ -90,7 +92,7 @@ def gemm_rate(precision: str, device) -> float | None:
     key = (dev.type, precision)
     if key not in _RATES:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
-        m, k, n = PROBE_SHAPE
+        m, k, n = PROBE_SHAPE["fp16" if precision == "fp16" else "other"]
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(m, k, generator=gen).to(dtype)
         b = torch.randn(k, n, generator=gen).to(dtype)

@@ -228,14 +228,16 @@ def _first_unit_s(name: str) -> float | None:
     if name == "headroom":  # an fp32 step with hooks, then an fp16 and a bf16 forward
         parts = [expected_step_s("fp32", HOOKED_STEP), expected_step_s("fp16", 1 / 3), expected_step_s("bf16", 1 / 3)]
         return None if None in parts else sum(parts)
-    return None  # nan decides per precision; capability and alignment take no training step
+    if name == "nan":  # its first precision (the others are decided inside, per precision)
+        return expected_step_s("fp32", HOOKED_STEP)
+    return None  # capability and alignment take no training step
 
 
 def _cut_entry(name: str, need_s: float, deadline: float) -> dict[str, Any]:
     share = max(0.0, deadline - time.perf_counter())
     return {"kind": "budget", "expected_s": round(need_s, 1), "share_s": round(share, 1),
             "message": f"the {name} check was not run: its first step is expected to take about {need_s:.0f} s "
-                       f"on this device, more than the {share:.0f} s left for it in the time budget "
+                       f"on this device, more than its {share:.0f} s share of the time budget "
                        "(raise --budget, or use --only to spend it on fewer checks)"}
 
 
