@@ -315,3 +315,14 @@ def test_the_budget_counts_from_started_at_and_keeps_a_reserve():
     assert costs.expected("fp16") is None  # nothing to go on: the first step runs and is measured
     costs.record("fp16", 2.0)
     assert costs.expected("fp16") == 2.0
+
+
+def test_headroom_progress_moves_within_the_check():
+    seen = []
+    check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="headroom", budget_s=None,
+                    progress=lambda f, m: seen.append((f, m)))
+    inside = [m for _, m in seen if m.startswith("headroom:")]
+    assert inside[0] == "headroom: fp32 reference step with hooks" and "headroom: fp16 forward" in inside
+    assert "headroom: fp16 GradScaler step 1 at scale 65536" in inside  # per real fp16 step
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and len(set(fractions)) > 3

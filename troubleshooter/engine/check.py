@@ -110,7 +110,7 @@ def _precisions_not_run(name: str, sections: dict[str, Any]) -> dict[str, Any] |
 def _headroom(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     from .headroom import check_headroom
 
-    result = check_headroom(workload, device, seed=seed, deadline=deadline)
+    result = check_headroom(workload, device, seed=seed, deadline=deadline, progress=progress)
     return result.to_dict(), result.findings
 
 

@@ -158,8 +158,14 @@ def _seeded_forward(workload: Workload, model: nn.Module, batch, seed: int):
     return out, workload.loss_fn(out, target) * workload.loss_weight
 
 
-def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None) -> dict[str, Any]:
+def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None,
+            progress=None) -> dict[str, Any]:
     """Raw measurements (host values) of the reference step and the half-precision forwards."""
+    def say(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(fraction, f"headroom: {message}")
+
+    say(0.0, "fp32 reference step with hooks")
     torch.manual_seed(seed)
     model = workload.build_model().to(device)
     model.train()
@@ -219,7 +225,8 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
             half_out.setdefault(names[mod], t.dtype == torch.float16)
 
     with torch.no_grad():
-        for p in ("fp16", "bf16"):
+        for i, p in enumerate(("fp16", "bf16")):
+            say(0.3 + 0.1 * i, f"{p} forward")
             handles = [m.register_forward_hook(dtype_hook) for m in model.modules()] if p == "fp16" else []
             try:
                 with prec.autocast(p, device):
@@ -235,7 +242,10 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the reference measurements
     host["scaled"] = (None if not fits(deadline, expected_step_s("fp16")) else
-                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline))
+                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline,
+                                    on_step=lambda n, scale: say(min(0.95, 0.5 + 0.1 * n), f"fp16 GradScaler step "
+                                                                 f"{n + 1} at scale {scale:g}")))
+    say(1.0, "done")
     del model, out32, loss32, batch, ref_grads
     host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
@@ -244,11 +254,17 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
 
 
 def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners, ref_grads,
-                  device: torch.device, host: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+                  device: torch.device, host: dict[str, Any], deadline: float | None = None,
+                  on_step=None) -> dict[str, Any]:
     """Real fp16 steps: at GradScaler's default scale; at the scale the fp32 gradients call for
     when that is larger (to tell lost digits from fp16's own rounding); and, when the default
     loses gradients, at larger scales (x16, up to SCALE_TRIES) until one keeps them."""
+    taken = [0]
+
     def step_at(scale):
+        if on_step is not None:
+            on_step(taken[0], scale)
+        taken[0] += 1
         return scaled_grads.scaled_fp16_step(model, owners, ref_grads, loss_of, device, scale)
 
     def loss_of():
@@ -591,8 +607,10 @@ def _bf16_findings(r: HeadroomResult) -> list[Finding]:
 
 
 def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0,
-                   deadline: float | None = None) -> HeadroomResult:
+                   deadline: float | None = None, progress=None) -> HeadroomResult:
+    """`progress(fraction, message)` moves per step: the fp32 reference, each half-precision
+    forward, each real fp16 GradScaler step (one of them can take seconds on a CPU)."""
     device = torch.device(device)
     with prec.precision_mode("fp32", device):
-        raw = measure(workload, device, seed, deadline)
+        raw = measure(workload, device, seed, deadline, progress)
     return interpret(raw, str(device), seed)
