@@ -2,9 +2,10 @@
 a step boundary once their deadline has passed.
 
 Shares follow each check's weight (the skip-rate probe trains the most, the capability check
-reads properties only); time a check does not use carries over to the ones after it. A check
-always does its first unit of work (one step, one precision), so even a spent budget gives
-something measured; what it could not do is reported, never silently dropped.
+reads properties only); time a check does not use carries over to the ones after it. No step
+starts that is expected to end past its check's deadline, the first one included (see
+`StepCosts`); only when nothing predicts a step's cost does a check do its first unit of work
+regardless. What a check could not do is reported, never silently dropped.
 """
 from __future__ import annotations
 
