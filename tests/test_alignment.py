@@ -53,7 +53,7 @@ def test_vocabulary_wants_multiples_of_64_and_attention_sizes_are_checked():
     found = _by_module(r)
     assert found["head"].severity.value == "warning"
     assert found["head"].data["dimensions"][0]["multiple"] == 64
-    assert found["emb"].severity.value == "info"  # a lookup: no GEMM of its own
+    assert "emb" not in found  # a lookup: its 100 rows meet no GEMM (the untied head reports the vocab)
     rows = {(row["module"], row["dimension"]): row for row in r.to_list()}
     assert rows[("attn", "head_dim")]["value"] == 8 and rows[("attn", "embed_dim")]["aligned"]
     assert ("attn.out_proj", "in_features") not in rows  # reported through embed_dim
@@ -101,3 +101,48 @@ def test_models_that_cannot_run_on_meta_fall_back_to_a_cpu_forward():
     assert r.summary["flops_method"] == "cpu"
     f = _by_module(r)["lin"]
     assert f.data["flops_share"] == 1.0 and f.severity.value == "warning"
+
+
+class _TinyBert(nn.Module):
+    """BERT-like: word, position and a 2-row token-type table; an MLM head tied to the word
+    embedding, either functionally (F.linear with the table) or as an nn.Linear sharing it."""
+
+    def __init__(self, vocab=1000, d=32, functional_head=True):
+        super().__init__()
+        self.word = nn.Embedding(vocab, d)
+        self.position = nn.Embedding(16, d)
+        self.token_type = nn.Embedding(2, d)
+        self.body = nn.Linear(d, d)
+        self.functional_head = functional_head
+        if not functional_head:
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.word.weight
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        h = self.word(ids) + self.position(pos) + self.token_type(torch.zeros_like(ids))
+        h = torch.relu(self.body(h))
+        return nn.functional.linear(h, self.word.weight) if self.functional_head else self.head(h)
+
+
+def _bert(functional_head):
+    def make_batch(n, device, gen):
+        ids = torch.randint(0, 1000, (n, 16), generator=gen).to(device)
+        return (ids,), ids
+
+    return Workload("tiny-bert", lambda: _TinyBert(functional_head=functional_head), make_batch,
+                    lambda out, t: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1)),
+                    lambda p: torch.optim.SGD(p, lr=0.1), 8, seq_len=16)
+
+
+def test_a_two_row_token_type_table_is_not_told_to_pad_only_a_table_in_a_gemm_is():
+    r = check_alignment(_bert(functional_head=True))
+    rows = {(row["module"], row["dimension"]): row for row in r.to_list()}
+    assert ("token_type", "num_embeddings (vocab)") not in rows and ("position", "num_embeddings (vocab)") not in rows
+    word = rows[("word", "num_embeddings (vocab)")]  # F.linear(h, word.weight): the vocab GEMM
+    assert word["value"] == 1000 and word["padded"] == 1024
+    assert not any("token_type" == f.location.module for f in r.findings)
+    tied = check_alignment(_bert(functional_head=False))
+    found = _by_module(tied)
+    assert "word" not in found and "token_type" not in found  # the tied nn.Linear reports the vocab
+    assert found["head"].data["dimensions"][0]["dimension"] == "out_features (vocab)"

@@ -281,3 +281,48 @@ def test_cli_budget_option(capsys):
     with pytest.raises(SystemExit) as info:
         main(["check", "--preset", "mlp", "--budget", "0"])
     assert info.value.code == 2
+
+
+def test_a_step_predicted_not_to_fit_is_not_started_and_says_so(monkeypatch):
+    """The budget is a bound, not a wish: an fp16 step predicted (FLOPs over the fp16 GEMM rate)
+    to take far longer than the share is never started; fp32/bf16 work that fits still runs."""
+    import dataclasses
+
+    from troubleshooter.engine import budget as budget_mod
+
+    rates = {"fp32": 1e12, "bf16": 1e12, "fp16": 1.0}  # an fp16 step would take ~forever here
+    monkeypatch.setattr(budget_mod, "gemm_rate", lambda p, d: rates.get(p, 1e12))
+    wl = dataclasses.replace(cw.mlp((32, 64, 10), batch_size=16), flops_per_step=1e6)
+    r = check.run_check(wl, device="cpu", only="skiprate,nan,headroom", steps=5, budget_s=30.0)
+    assert r["skiprate"] is None and r["errors"]["skiprate"]["kind"] == "budget"
+    assert "not run" in r["errors"]["skiprate"]["message"] and "raise --budget" in r["errors"]["skiprate"]["message"]
+    nan = r["nan"]["precisions"]
+    assert nan["fp32"]["steps_run"] == 1 and nan["bf16"]["steps_run"] == 1 and nan["fp16"]["not_run"] == "budget"
+    assert r["headroom"] is None and r["errors"]["headroom"]["kind"] == "budget"  # it needs an fp16 forward
+    assert "skiprate: not run (its first step would not fit)" in r["budget"]["cut"] and r["exit_code"] == 1
+    assert r["timings_s"]["total"] < 30
+
+
+def test_the_budget_counts_from_started_at_and_keeps_a_reserve():
+    from troubleshooter.engine.budget import Budget, StepCosts
+
+    b = Budget(10.0, {"nan": 1})
+    assert 8.4 < b.remaining() <= 9.0  # 10 s less the reserve (1 s: a tenth of it)
+    r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="alignment", budget_s=5.0,
+                        started_at=__import__("time").time() - 60)  # the model took a minute to build
+    assert r["budget"]["exceeded_s"] > 50  # said, not hidden
+    costs = StepCosts(None, "cpu")
+    assert costs.expected("fp16") is None  # nothing to go on: the first step runs and is measured
+    costs.record("fp16", 2.0)
+    assert costs.expected("fp16") == 2.0
+
+
+def test_headroom_progress_moves_within_the_check():
+    seen = []
+    check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="headroom", budget_s=None,
+                    progress=lambda f, m: seen.append((f, m)))
+    inside = [m for _, m in seen if m.startswith("headroom:")]
+    assert inside[0] == "headroom: fp32 reference step with hooks" and "headroom: fp16 forward" in inside
+    assert "headroom: fp16 GradScaler step 1 at scale 65536" in inside  # per real fp16 step
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and len(set(fractions)) > 3

@@ -93,6 +93,7 @@ def test_default_gradscaler_figure_matches_real_fp16_gradscaler_steps():
     assert f.location.module in {"0", "2"} and {m["module"] for m in f.data["modules"]} == {"0", "2"}
     sug = r.gradient_summary["suggested_scaler"]
     assert sug["fits"] and sug["lost_share"] < hr.LOST_OK and f"init_scale={sug['tried_scale']:.0f}" in f.suggestion
+    assert "GradScaler('cpu', init_scale=" in f.suggestion and "'cuda'" not in f.suggestion  # the device it ran on
 
 
 def test_gradients_autocast_keeps_in_float32_are_not_counted_lost():

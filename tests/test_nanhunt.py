@@ -207,3 +207,33 @@ def test_an_fp16_only_nan_keeps_its_precision_advice():
     out = hunt_nonfinite(cw.mlp((32, 64, 64, 10), batch_size=16, blow_up={2: 1e5}), "cpu")
     (f,) = [f for f in out["findings"] if f.precision == "fp16"]
     assert f.rule == "AMP202" and "bf16" in f.suggestion and "also_in_fp32" not in f.data
+
+
+class LogOfZero(nn.Module):
+    """log(relu(x) * 0) = log(0) = -inf on every element: a -inf, not an overflow."""
+    def forward(self, x):
+        return torch.log(torch.relu(x) * 0)
+
+
+def test_minus_inf_is_reported_as_minus_inf_in_the_event_the_finding_and_the_text():
+    from troubleshooter.commands.check import _nan_text
+    from troubleshooter.engine.nanhunt import format_event
+
+    build = lambda: nn.Sequential(nn.Linear(16, 32), LogOfZero(), nn.Linear(32, 4))  # noqa: E731
+    r = hunt_nonfinite(workload(build), "cpu", precisions=("fp32",))
+    ff = r["precisions"]["fp32"]["first_forward"]
+    assert ff["module"] == "1" and ff["kind"] == "inf" and ff["value"] == "-inf"
+    msg = r["findings"][0].message
+    assert "-inf" in msg and " inf " not in msg.replace("-inf", "")
+    assert "outputs -inf" in format_event({"step": 0, "forward": ff})
+    text = "\n".join(_nan_text({"nan": {"precisions": {"fp32": {**r["precisions"]["fp32"], "summary": None}}}}))
+    assert "forward: -inf first at '1'" in text
+
+
+def test_plus_and_minus_inf_values_from_min_and_max():
+    from troubleshooter.engine.nanhooks import combined_value, nonfinite_value
+
+    inf = float("inf")
+    assert nonfinite_value(-inf, 3.0) == "-inf" and nonfinite_value(1.0, inf) == "inf"
+    assert nonfinite_value(-inf, inf) == "inf and -inf" and nonfinite_value(float("nan"), 1.0) == "nan"
+    assert combined_value(["-inf", "inf"]) == "inf and -inf" and combined_value(["-inf", "nan"]) == "nan"

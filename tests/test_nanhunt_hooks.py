@@ -267,3 +267,25 @@ def test_odd_tensors_do_not_break_training():
         model.odd.forward = lambda x: (x * float("nan"),) + Odd.forward(model.odd, x)[1:]
         model(torch.randn(4, 8)).sum().backward()
         assert hunt.step()["forward"]["module"] == "odd"
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_an_infinite_weight_gradient_from_finite_values_is_found_with_its_sign(sign):
+    """An overflow in the weight-gradient GEMM alone (finite input, output and output gradient)
+    is named at that parameter, +inf or -inf as it is (issue 11.7: -inf is not printed as inf)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[1].weight.fill_(1e-3)
+    x = torch.full((8, 4), 3e38)  # finite; Linear(0)'s output ~1e38 * small weights stays finite
+    hooks = nanhooks.HookSet(model).attach()
+    try:
+        model[0].weight.data.fill_(1e-39 / 4)
+        (model(x).sum() * sign * 1e3).backward()
+        rep = hooks.collect()
+    finally:
+        hooks.detach()
+    assert rep.forward is None
+    b = rep.backward
+    assert b["grad_of"] == "parameter" and b["parameter"] in ("0.weight", "1.weight")
+    assert b["value"] == ("inf" if sign > 0 else "-inf")

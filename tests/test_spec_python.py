@@ -81,3 +81,22 @@ def test_cli_arguments():
         parse([])
     with pytest.raises(UserError, match="only one"):
         parse(["a.yaml", "--preset", "gpt"])
+
+
+def test_python_model_flops_count_forward_and_backward(tmp_path):
+    """Issue 11.7: FLOPs of a --python model are a training step's (forward + backward), like the
+    presets': F for the forward, F for the weight gradients and F for the input gradients of
+    every layer but the first (its input, the data, needs none). Already right when checked here
+    (2026-11-22); this keeps it so."""
+    from troubleshooter.spec import SpecSource, load_workload
+
+    f = tmp_path / "mlp_flops.py"
+    f.write_text("import torch\nfrom torch import nn\nBATCH_SIZE = 64\n"
+                 "def build_model():\n    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))\n"
+                 "def make_batch(batch_size):\n"
+                 "    return torch.randn(batch_size, 256), torch.randint(0, 10, (batch_size,))\n")
+    wl = load_workload(SpecSource.python_file(str(f)), allow_exec=True)
+    forward = 2 * 64 * (256 * 512 + 512 * 10)
+    first_input_grad = 2 * 64 * 256 * 512
+    assert wl.flops_per_step == 3 * forward - first_input_grad
+    assert wl.summary["flops_per_step"] == wl.flops_per_step

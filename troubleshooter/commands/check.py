@@ -53,6 +53,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    started_at = time.time()  # importing torch and building the model count against --budget
     from ..engine.check import check_report, parse_only
     from ..spec import source_from_args
 
@@ -60,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     source = source_from_args(args)
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     report = check_report(source, allow_exec=args.allow_exec, device=args.device, only=args.only,
-                          steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget)
+                          steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget,
+                          started_at=started_at)
     if args.format == "json":
         print(json.dumps(report.to_dict(), indent=2))
     else:

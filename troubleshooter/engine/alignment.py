@@ -84,6 +84,7 @@ class _Trace:
     linear_rows: dict[str, int]  # Linear name -> GEMM rows (batch x tokens) seen in the forward
     head: str | None  # the last Linear whose output is the model's output
     method: str
+    gemm_embeddings: frozenset = frozenset()  # Embeddings whose weight is a GEMM operand (a tied head)
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
@@ -123,12 +124,15 @@ def _traced_forward(model: nn.Module, inputs: tuple, method: str) -> _Trace:
                 order.append((name, tuple(t.shape) if t is not None else ()))
             handles.append(mod.register_forward_hook(hook))
     counter = FlopCounterMode(display=False)
+    operands = _GemmOperands()
     try:
-        with torch.no_grad(), counter:
+        with torch.no_grad(), counter, operands:
             out = model(*inputs)
     finally:
         for h in handles:
             h.remove()
+    gemm_embeddings = frozenset(name for name, mod in model.named_modules()
+                                if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and id(mod.weight) in operands.seen)
     prefix = type(model).__name__
     counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
     flops = {name: counts.get(prefix if not name else f"{prefix}.{name}", 0) for name, _ in model.named_modules()}
@@ -138,7 +142,30 @@ def _traced_forward(model: nn.Module, inputs: tuple, method: str) -> _Trace:
     head = None
     if out_t is not None and order and order[-1][1] == tuple(out_t.shape):
         head = order[-1][0]
-    return _Trace(flops, counter.get_total_flops(), attention, linear_rows, head, method)
+    return _Trace(flops, counter.get_total_flops(), attention, linear_rows, head, method, gemm_embeddings)
+
+
+_GEMMS = {torch.nn.functional.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.einsum,
+          torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.Tensor.mm}
+
+
+class _GemmOperands(torch.overrides.TorchFunctionMode):
+    """Records which tensors (or the tensors they are views of, e.g. `emb.weight.T`) enter a
+    GEMM: an embedding table counts as a GEMM size only when its weight does (a tied output
+    projection), never for its lookups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _GEMMS:
+            for a in (*args, *(kwargs or {}).values()):
+                if isinstance(a, torch.Tensor):
+                    self.seen.add(id(a))
+                    if a._base is not None:
+                        self.seen.add(id(a._base))
+        return func(*args, **(kwargs or {}))
 
 
 def _trace_once(workload: Workload, method: str, batch_size: int) -> _Trace:
@@ -177,8 +204,21 @@ def _trace(workload: Workload) -> _Trace | None:
 # ---------------------------------------------------------------- collecting sizes
 
 
-def _module_rows(model: nn.Module) -> list[AlignmentRow]:
+def _table_in_gemm(name: str, mod: nn.Module, linear_weights: set[int], trace: _Trace | None) -> bool:
+    """An embedding's row count shapes a GEMM only when its weight is also an output projection:
+    tied to a Linear (which reports it itself: False here) or used in a matmul of the forward.
+    Without a trace, only a table of vocabulary size (>= 64 rows) is kept, as a lookup note: a
+    2-row token-type table or a 10-row class table never meets a tensor core."""
+    if id(mod.weight) in linear_weights:
+        return False
+    if trace is not None:
+        return name in trace.gemm_embeddings
+    return mod.num_embeddings >= SMALL_HEAD
+
+
+def _module_rows(model: nn.Module, trace: _Trace | None = None) -> list[AlignmentRow]:
     vocab = {m.num_embeddings for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     mha = [n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
     rows: list[AlignmentRow] = []
     for name, mod in model.named_modules():
@@ -198,7 +238,8 @@ def _module_rows(model: nn.Module) -> list[AlignmentRow]:
             rows.append(AlignmentRow(name, cls, "in_channels" + suffix, mod.in_channels // g, HALF_MULTIPLE))
             rows.append(AlignmentRow(name, cls, "out_channels" + suffix, mod.out_channels // g, HALF_MULTIPLE))
         elif isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
-            rows.append(AlignmentRow(name, cls, "num_embeddings (vocab)", mod.num_embeddings, VOCAB_MULTIPLE))
+            if _table_in_gemm(name, mod, linear_weights, trace):
+                rows.append(AlignmentRow(name, cls, "num_embeddings (vocab)", mod.num_embeddings, VOCAB_MULTIPLE))
             rows.append(AlignmentRow(name, cls, "embedding_dim", mod.embedding_dim, HALF_MULTIPLE))
         elif isinstance(mod, nn.MultiheadAttention):
             rows.append(AlignmentRow(name, cls, "embed_dim", mod.embed_dim, HALF_MULTIPLE))
@@ -221,6 +262,9 @@ def _annotate(rows: list[AlignmentRow], trace: _Trace | None) -> None:
             r.note = "few input channels, set by the data; cuDNN pads these itself"
         elif trace is not None and r.module == trace.head and r.dimension == "out_features" and r.value < SMALL_HEAD:
             r.note = "the model's output size, set by the task; padding it gains little"
+        elif r.cls in ("Embedding", "EmbeddingBag") and r.dimension.startswith("num_embeddings") and \
+                trace is not None and r.module in trace.gemm_embeddings:
+            r.note = "its weight is also the output projection (a GEMM outside any Linear)"
         elif r.cls in ("Embedding", "EmbeddingBag"):
             r.note = "a lookup, not a GEMM"
 
@@ -315,7 +359,7 @@ def check_alignment(workload: Workload, device: torch.device | str = "cpu",
                     model = workload.build_model()
             except Exception:  # noqa: BLE001 - fall back to a real (CPU) build
                 model = workload.build_model()
-    rows = _module_rows(model)
+    rows = _module_rows(model, trace)
     _annotate(rows, trace)
     rows += _workload_rows(workload, trace)
     by_module: dict[str, list[AlignmentRow]] = {}

@@ -17,7 +17,7 @@ from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
-from .budget import Budget, scaled
+from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
 from .training_step import is_oom, release
 
@@ -28,6 +28,7 @@ DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_BUDGET_S = 60.0  # the whole run; the app passes its own
 MAX_BUDGET_S = 24 * 3600.0
 _WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
+HOOKED_STEP = 1.3  # a step with the nan/headroom hooks on, relative to a plain step (bench/nan_overhead.py)
 Progress = Callable[[float, str], None]
 
 
@@ -109,7 +110,7 @@ def _precisions_not_run(name: str, sections: dict[str, Any]) -> dict[str, Any] |
 def _headroom(workload: Workload, device: torch.device, steps: int, seed: int, deadline=None, progress=None):
     from .headroom import check_headroom
 
-    result = check_headroom(workload, device, seed=seed, deadline=deadline)
+    result = check_headroom(workload, device, seed=seed, deadline=deadline, progress=progress)
     return result.to_dict(), result.findings
 
 
@@ -202,14 +203,46 @@ def _check_budget(budget_s: Any) -> None:
 
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
               steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None,
-              budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
+              budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None) -> dict[str, Any]:
     """Run the selected checks on `workload` within `budget_s` seconds (None: no limit); return
-    the `check --format json` object."""
+    the `check --format json` object. `started_at` (a `time.time()`, e.g. when the CLI started
+    or before the model was built) counts those fixed costs against the budget too."""
     dev = prec.resolve_device(device)
     selected = parse_only(only)
     _check_steps(steps)
     _check_budget(budget_s)
     budget = Budget(budget_s, {c: _WEIGHT[c] for c in selected})
+    if started_at is not None:
+        budget.started -= max(0.0, time.time() - started_at)
+    token = track_costs(StepCosts(workload.flops_per_step, dev))
+    try:
+        return _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
+    finally:
+        untrack(token)
+
+
+def _first_unit_s(name: str) -> float | None:
+    """What a check's first unit of work is expected to take here (None: unknown or negligible)."""
+    if name == "skiprate":
+        return expected_step_s("fp16")
+    if name == "headroom":  # an fp32 step with hooks, then an fp16 and a bf16 forward
+        parts = [expected_step_s("fp32", HOOKED_STEP), expected_step_s("fp16", 1 / 3), expected_step_s("bf16", 1 / 3)]
+        return None if None in parts else sum(parts)
+    if name == "nan":  # its first precision (the others are decided inside, per precision)
+        return expected_step_s("fp32", HOOKED_STEP)
+    return None  # capability and alignment take no training step
+
+
+def _cut_entry(name: str, need_s: float, deadline: float) -> dict[str, Any]:
+    share = max(0.0, deadline - time.perf_counter())
+    return {"kind": "budget", "expected_s": round(need_s, 1), "share_s": round(share, 1),
+            "message": f"the {name} check was not run: its first step is expected to take about {need_s:.0f} s "
+                       f"on this device, more than its {share:.0f} s share of the time budget "
+                       "(raise --budget, or use --only to spend it on fewer checks)"}
+
+
+def _run_selected(workload: Workload, dev: torch.device, selected: list[str], steps: int, seed: int,
+                  progress: Progress | None, budget_s: float | None, budget: Budget) -> dict[str, Any]:
     result: dict[str, Any] = {"device": device_info(dev), "spec": spec_info(workload), "findings": []}
     result.update({c: None for c in CHECKS})
     result["skipped"] = {c: "not selected (--only)" for c in CHECKS if c not in selected}
@@ -224,6 +257,12 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         started = time.perf_counter()
         deadline = budget.deadline_for(name)
         local = scaled(progress, done / total, _WEIGHT[name] / total)
+        need = _first_unit_s(name) if deadline is not None else None
+        if not fits(deadline, need):  # a step that cannot end in time is not started
+            errors[name] = _cut_entry(name, need, deadline)
+            timings[name] = round(time.perf_counter() - started, 3)
+            done += _WEIGHT[name]
+            continue
         try:
             out = _RUNNERS[name](workload, dev, steps, seed, deadline, local)
             section, found = out[0], out[1]
@@ -254,7 +293,8 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
 
 def _budget_report(budget_s: float | None, budget: Budget, result: dict[str, Any]) -> dict[str, Any]:
     """What the budget cut: the skip-rate steps not taken, the precisions and measurements skipped."""
-    cut = []
+    cut = [f"{name}: not run (its first step would not fit)" for name, e in (result.get("errors") or {}).items()
+           if e.get("kind") == "budget" and result.get(name) is None]
     sr = (result.get("skiprate") or {}).get("summary") or {}
     if sr.get("stopped_by_budget"):
         cut.append(f"skiprate: {sr.get('steps')} of {sr.get('steps_requested')} fp16 steps (the rest did not fit "
@@ -274,11 +314,13 @@ def _budget_report(budget_s: float | None, budget: Budget, result: dict[str, Any
 def check_source(source, allow_exec: bool = False, device: str | torch.device = "auto",
                  only: str | Iterable[str] | None = None, steps: int = DEFAULT_STEPS, seed: int = 0,
                  progress: Progress | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
+                 budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None) -> dict[str, Any]:
     """`run_check` on a `spec.SpecSource`: YAML and presets in-process, a Python file in a child
-    process with a time limit (and without the progress callback, which cannot cross processes)."""
+    process with a time limit (and without the progress callback, which cannot cross processes).
+    The budget counts from `started_at` (default: now), so building the model is inside it."""
     from ..spec import run_with_workload
 
+    started_at = time.time() if started_at is None else started_at
     parse_only(only)  # bad options fail before anything is built (or a child is started)
     _check_steps(steps)
     _check_budget(budget_s)
@@ -290,7 +332,7 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
         progress = None
     result = run_with_workload(source, run_check, allow_exec=allow_exec, timeout_s=timeout_s,
                                device=device, only=only, steps=steps, seed=seed, progress=progress,
-                               budget_s=budget_s)
+                               budget_s=budget_s, started_at=started_at)
     result.setdefault("spec", {})["source"] = source.describe()
     return result
 

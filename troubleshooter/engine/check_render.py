@@ -95,7 +95,7 @@ def budget_markdown(report: CheckReport | dict) -> str:
         lines += [""] + [f"- {esc(c)}" for c in b.cut]
     if b.exceeded_s:
         lines += ["", f"Note: the run took {b.exceeded_s:.1f} s more than the budget "
-                      "(a check always finishes the step it is in)."]
+                      "(a step that had started is always finished)."]
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +224,7 @@ def where(entry: Any) -> str:
         return "none (all finite)"
     if not isinstance(entry, dict):
         return str(entry)
-    what = entry.get("kind") or entry.get("what") or ("gradient of the loss" if entry.get("grad_of") == "loss" else "")
+    what = entry.get("value") or entry.get("kind") or entry.get("what") or ("gradient of the loss" if entry.get("grad_of") == "loss" else "")
     parts = [f"'{entry['module']}'" if entry.get("module") is not None else "the loss",
              f"({entry['class']})" if entry.get("class") else None, what or None,
              f"at step {entry['step']}" if entry.get("step") is not None else None]

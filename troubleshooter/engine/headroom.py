@@ -21,7 +21,7 @@ from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
 from . import scaled_grads
-from .budget import past
+from .budget import expected_step_s, fits
 
 FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
@@ -158,8 +158,14 @@ def _seeded_forward(workload: Workload, model: nn.Module, batch, seed: int):
     return out, workload.loss_fn(out, target) * workload.loss_weight
 
 
-def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None) -> dict[str, Any]:
+def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: float | None = None,
+            progress=None) -> dict[str, Any]:
     """Raw measurements (host values) of the reference step and the half-precision forwards."""
+    def say(fraction: float, message: str) -> None:
+        if progress is not None:
+            progress(fraction, f"headroom: {message}")
+
+    say(0.0, "fp32 reference step with hooks")
     torch.manual_seed(seed)
     model = workload.build_model().to(device)
     model.train()
@@ -219,7 +225,8 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
             half_out.setdefault(names[mod], t.dtype == torch.float16)
 
     with torch.no_grad():
-        for p in ("fp16", "bf16"):
+        for i, p in enumerate(("fp16", "bf16")):
+            say(0.3 + 0.1 * i, f"{p} forward")
             handles = [m.register_forward_hook(dtype_hook) for m in model.modules()] if p == "fp16" else []
             try:
                 with prec.autocast(p, device):
@@ -234,8 +241,11 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
                     h.remove()
     device_vals["rel"] = rel
     host = _to_host(device_vals)  # the one host sync of the reference measurements
-    host["scaled"] = (None if past(deadline) else
-                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline))
+    host["scaled"] = (None if not fits(deadline, expected_step_s("fp16")) else
+                      _scaled_steps(workload, model, batch, seed, owners, ref_grads, device, host, deadline,
+                                    on_step=lambda n, scale: say(min(0.95, 0.5 + 0.1 * n), f"fp16 GradScaler step "
+                                                                 f"{n + 1} at scale {scale:g}")))
+    say(1.0, "done")
     del model, out32, loss32, batch, ref_grads
     host.update(order=order, classes=classes, leaves=leaves, owners=[(n, type(m).__name__) for n, m in owners],
                 param_counts=[sum(p.numel() for p in m.parameters(recurse=False)) for _, m in owners],
@@ -244,11 +254,17 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
 
 
 def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners, ref_grads,
-                  device: torch.device, host: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+                  device: torch.device, host: dict[str, Any], deadline: float | None = None,
+                  on_step=None) -> dict[str, Any]:
     """Real fp16 steps: at GradScaler's default scale; at the scale the fp32 gradients call for
     when that is larger (to tell lost digits from fp16's own rounding); and, when the default
     loses gradients, at larger scales (x16, up to SCALE_TRIES) until one keeps them."""
+    taken = [0]
+
     def step_at(scale):
+        if on_step is not None:
+            on_step(taken[0], scale)
+        taken[0] += 1
         return scaled_grads.scaled_fp16_step(model, owners, ref_grads, loss_of, device, scale)
 
     def loss_of():
@@ -260,7 +276,7 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     total_hist = [sum(col) for col in zip(*host["grad_hist"])]
     candidate = max(default.scale * 2, _flush_floor(total_hist))
-    if past(deadline):
+    if not fits(deadline, expected_step_s("fp16")):
         out["default"]["cut_by_budget"] = True
         return out
     higher = step_at(candidate) if _flush_floor(total_hist) > default.scale else None
@@ -278,7 +294,7 @@ def _scaled_steps(workload: Workload, model: nn.Module, batch, seed: int, owners
         return out
     step = higher
     for _ in range(SCALE_TRIES):
-        if step is None and past(deadline):
+        if step is None and not fits(deadline, expected_step_s("fp16")):
             break
         step = step if step is not None else step_at(candidate)
         if step.scale is None or step.backoffs:  # the larger scale overflows: no single scale works
@@ -530,11 +546,13 @@ def _underflow_findings(r: HeadroomResult) -> list[Finding]:
     higher = d.get("compared_with")
     if higher and higher.get("gradient_relative_error") is not None:
         msg += f" ({_fmt(higher['gradient_relative_error'])} at scale {_pow2(higher['scale'])})"
-    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, _measured_suggestion(s),
+    return [Finding("AMP203", "fp16-gradient-underflow", Severity.WARNING, msg, _measured_suggestion(s, r.device),
                     Location(module=worst["module"]), precision="fp16", data=data)]
 
 
-def _measured_suggestion(s: dict[str, Any]) -> str:
+def _measured_suggestion(s: dict[str, Any], device: str = "cpu") -> str:
+    """The fix, naming the device the check ran on: torch.amp.GradScaler() without one makes a
+    CUDA scaler, wrong advice on a CPU."""
     d, sug = s["default_scaler"], s.get("suggested_scaler")
     bf16 = "Or train in bf16, which needs no loss scaling."
     if d.get("backoffs") or sug is None or not sug.get("fits"):
@@ -544,7 +562,8 @@ def _measured_suggestion(s: dict[str, Any]) -> str:
     tried = sug["tried_scale"]
     keeps = (f"; measured: at {_pow2(tried)} {sug['lost_share']:.2%} are lost and the gradient error is "
              f"{_fmt(sug.get('gradient_relative_error'))} (default: {_fmt(d.get('gradient_relative_error'))})")
-    return (f"Start GradScaler higher: torch.amp.GradScaler(init_scale={tried:.0f}) (it grows by itself only "
+    kind = str(device).split(":")[0]
+    return (f"Start GradScaler higher: torch.amp.GradScaler('{kind}', init_scale={tried:.0f}) (it grows by itself only "
             f"every 2000 steps){keeps}. {bf16}")
 
 
@@ -588,8 +607,10 @@ def _bf16_findings(r: HeadroomResult) -> list[Finding]:
 
 
 def check_headroom(workload: Workload, device: torch.device | str = "cpu", seed: int = 0,
-                   deadline: float | None = None) -> HeadroomResult:
+                   deadline: float | None = None, progress=None) -> HeadroomResult:
+    """`progress(fraction, message)` moves per step: the fp32 reference, each half-precision
+    forward, each real fp16 GradScaler step (one of them can take seconds on a CPU)."""
     device = torch.device(device)
     with prec.precision_mode("fp32", device):
-        raw = measure(workload, device, seed, deadline)
+        raw = measure(workload, device, seed, deadline, progress)
     return interpret(raw, str(device), seed)

@@ -71,6 +71,27 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return str(dtype).replace("torch.", "") if dtype is not None else None
 
 
+def nonfinite_value(lo: float, hi: float) -> str:
+    """What a non-finite tensor holds, from its min and max: "nan", "inf", "-inf" or both infs
+    (`kind` says only nan/inf; this keeps the sign a user needs: a -inf is a log of zero or a
+    mask, a +inf an overflow)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "nan"
+    if lo == -math.inf and hi == math.inf:
+        return "inf and -inf"
+    return "-inf" if lo == -math.inf else "inf"
+
+
+def combined_value(values) -> str:
+    """One word for several non-finite tensors: nan wins, then the infinities seen."""
+    seen = {v for v in values if v}
+    if "nan" in seen:
+        return "nan"
+    pos = bool(seen & {"inf", "inf and -inf"})
+    neg = bool(seen & {"-inf", "inf and -inf"})
+    return "inf and -inf" if pos and neg else ("-inf" if neg else "inf")
+
+
 def number(x: float) -> float | str:
     """A JSON-safe number: finite floats as floats (6 significant digits), else 'inf'/'nan'."""
     if math.isnan(x):
@@ -97,7 +118,8 @@ class _Call:
 class _Step:
     """Everything recorded between two `collect()`s; values stay on the device until then."""
 
-    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias")
+    __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias",
+                 "hooks_todo")
 
     def __init__(self) -> None:
         self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
@@ -109,6 +131,7 @@ class _Step:
         self.autocast: str | None = None  # autocast dtype seen at the root call, if any
         self.pending = False  # anything recorded since the last collect
         self.alias: dict[int, int] = {}  # slot -> slot whose values it shares (transparent modules)
+        self.hooks_todo: list[tuple[Any, int, "_Call", int]] = []  # (node, output_nr, call, slot) to hook
 
 
 @dataclass
@@ -130,6 +153,10 @@ class StepReport:
 
 class HookSet:
     """Hooks on a module tree recording cheap on-device min/max; `collect()` analyses a step."""
+
+    # False: output-gradient hooks registered at once, every one (the behaviour before issue 11.8;
+    # bench/nan_overhead.py times both side by side)
+    defer_grad_hooks = True
 
     def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True,
                  ignore: Sequence[str] = ()):
@@ -291,7 +318,23 @@ class HookSet:
         call.outs = tuple(outs)
         call.order = len(step.calls)
         step.calls.append(call)
+        if idx == 0 and step.hooks_todo:
+            self._register_grad_hooks(step)
         return None
+
+    def _register_grad_hooks(self, step: _Step) -> None:
+        """At the end of the model's forward, every consumer of every output is known: hook only
+        the outputs whose gradient adds something (not those consumed by ReLU-like modules only,
+        whose own output gradient is checked; `_out_grad` would drop them anyway). In a model
+        of Linear+ReLU blocks this halves the hooks registered per step, the largest per-call
+        cost of the hunt (a handle and a partial per hook)."""
+        todo, step.hooks_todo = step.hooks_todo, []
+        for node, nr, call, slot in todo:
+            consumers = step.consumers.get(slot)
+            if consumers and all(c.module in self._transparent and c.module not in self._passes_grads
+                                 for c in consumers):
+                continue
+            node.register_prehook(partial(self._node_grad, step, call, slot, nr))
 
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
         if not (self._live and grad is not None and _measurable(grad)):
@@ -306,7 +349,9 @@ class HookSet:
 
     def _grad_hook(self, t: torch.Tensor, step: _Step, call: _Call, slot: int) -> None:
         node = t.grad_fn
-        if node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
+        if node is not None and self.defer_grad_hooks and step.stack and step.stack[0].module == 0:
+            step.hooks_todo.append((node, t.output_nr, call, slot))  # hooked when the model's forward ends
+        elif node is not None:  # a pre-hook on the node that made t: cheaper than t.register_hook
             node.register_prehook(partial(self._node_grad, step, call, slot, t.output_nr))
         else:
             t.register_hook(partial(self._out_grad, step, call, slot))
@@ -340,8 +385,10 @@ class HookSet:
         finite = [math.isfinite(a) and math.isfinite(b) for a, b in zip(lo, hi)]
         max_abs = [max(abs(a), abs(b)) if f else (float("nan") if (math.isnan(a) or math.isnan(b)) else float("inf"))
                    for a, b, f in zip(lo, hi, finite)]
+        values = [None if f else nonfinite_value(a, b) for a, b, f in zip(lo, hi, finite)]
         for slot, source in step.alias.items():  # in creation order, so chains resolve
-            finite[slot], max_abs[slot] = finite[source], max_abs[source]
+            finite[slot], max_abs[slot], values[slot] = finite[source], max_abs[source], values[source]
+        self._values = values
         fwd = self._first_forward(step, finite, max_abs) if self.forward else None
         bwd, loss_grad = self._first_backward(step, finite, max_abs) if self.backward else (None, False)
         calls = [
@@ -367,6 +414,7 @@ class HookSet:
             out.update({
                 "phase": "forward",
                 "kind": "nan" if any(math.isnan(max_abs[s]) for s in bad) else "inf",
+                "value": combined_value(self._values[s] for s in bad),
                 "created": inputs_finite,
                 "inputs_finite": inputs_finite,
                 "input_max_abs": [number(max_abs[s]) for s in call.ins],
@@ -399,6 +447,7 @@ class HookSet:
                     seen_out.setdefault(ref[0].order, []).append(max_abs[slot])
                 continue
             base = {"phase": "backward", "kind": "nan" if math.isnan(max_abs[slot]) else "inf",
+                    "value": self._values[slot],
                     "grad_max_abs": number(max_abs[slot])}
             if kind == "param":
                 owner = self._param_owner[ref]

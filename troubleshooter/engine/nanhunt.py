@@ -21,7 +21,7 @@ from ..workload import Workload
 from . import precision as prec
 import time
 
-from .budget import no_room
+from .budget import expected_step_s, fits, record_step_s
 from .nanhooks import HookSet, StepReport, number
 from .training_step import build, device_batch
 
@@ -49,25 +49,30 @@ def _where(d: dict, *extra: str) -> str:
     return f"module '{name}' ({inside})" if inside else f"module '{name}'"
 
 
+def _shown(d: dict) -> str:
+    """The non-finite value as the user should read it: -inf stays -inf (kind alone says "inf")."""
+    return d.get("value") or d["kind"]
+
+
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
 def _describe_forward(d: dict) -> str:
     extra = [d.get("dtype") and f"{d['dtype']} output", d.get("autocast") and f"autocast {d['autocast']}"]
-    text = f"forward: {_where(d, *extra)} outputs {d['kind']}"
+    text = f"forward: {_where(d, *extra)} outputs {_shown(d)}"
     if d.get("occurrence", 1) > 1:
         text += f" on call {d['occurrence']} of this module"
     if d.get("created"):
         ins = ", ".join(str(x) for x in d.get("input_max_abs", [])) or "none"
-        text += f"; its inputs were finite (max |x| {ins}), so it creates the {d['kind']}"
+        text += f"; its inputs were finite (max |x| {ins}), so it creates the {_shown(d)}"
     else:
         text += f"; its inputs were already non-finite ({d.get('source', 'made outside any module')})"
     return text
 
 
 def _describe_backward(d: dict) -> str:
-    kind = d["kind"]
+    kind = _shown(d)
     if d.get("grad_of") == "loss":
         return f"backward: the loss's gradient w.r.t. the model output, made by {_where(d)}, is {kind}"
     if d.get("grad_of") == "parameter":
@@ -247,6 +252,9 @@ class nanhunt:  # noqa: N801 - used like a function: `with nanhunt(model) as hun
 
 
 # -- the engine's `nan` check ----------------------------------------------------------
+HOOKED_STEP = 1.3  # a hooked step relative to a plain one (bench/nan_overhead.py)
+
+
 def hunt_nonfinite(
     workload: Workload,
     device: str | torch.device = "auto",
@@ -272,7 +280,10 @@ def hunt_nonfinite(
     traces: dict[str, list[list[dict]]] = {}
     last_s = 0.0
     for i, p in enumerate(names):
-        if i and no_room(deadline, last_s):  # the first precision always runs; the rest only if they fit
+        # a precision runs only when its steps are expected to end in time (the cost model knows
+        # an emulated fp16 step is several times an fp32 one); unknown cost: the first one runs
+        need = expected_step_s(p, HOOKED_STEP * steps) if deadline is not None else None
+        if not fits(deadline, need if need is not None else (last_s if i else None)):
             sections[p], traces[p] = _not_run(p), []
             continue
         if progress is not None:
@@ -280,6 +291,8 @@ def hunt_nonfinite(
         started = time.perf_counter()
         sections[p], traces[p] = _hunt_one(workload, device, p, seed, steps)
         last_s = time.perf_counter() - started
+        if sections[p].get("steps_run"):  # a plain step's cost, unless one was measured already
+            record_step_s(p, last_s / sections[p]["steps_run"] / HOOKED_STEP, keep_measured=True)
     return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
 
 
@@ -311,7 +324,7 @@ def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: in
                 section["loss_finite"] = math.isfinite(loss)
                 section["loss"] = loss if math.isfinite(loss) else None
                 if not math.isfinite(loss):
-                    section["loss_kind"] = "nan" if math.isnan(loss) else "inf"
+                    section["loss_kind"] = "nan" if math.isnan(loss) else ("-inf" if loss < 0 else "inf")
                 if scaled:
                     section["loss_scale"] = scale
                 if rep.forward is not None or not math.isfinite(loss):
@@ -525,7 +538,7 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
         data["reference"] = {"precision": ref["precision"], "max_abs": number(ref["max_abs"])} if ref else None
         return Finding(
             "AMP202", "fp16-overflow", Severity.ERROR,
-            f"{where} overflows float16 in the forward pass: its output is {ff['kind']} under fp16 "
+            f"{where} overflows float16 in the forward pass: its output is {_shown(ff)} under fp16 "
             f"autocast{peak}; float16's largest value is 65504",
             f"Train in bf16 where the GPU supports it; otherwise keep '{module or '<root>'}' in float32 "
             "(run it under torch.autocast(device_type, enabled=False) with .float() inputs), or bring "
@@ -544,7 +557,7 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
                       "make the operation tolerant of reduced precision (eps, clamping).")
     return Finding(
         "AMP205", "nonfinite-in-forward", Severity.ERROR,
-        f"{where} outputs {ff['kind']} in the forward pass in {p}{only}; it {made}",
+        f"{where} outputs {_shown(ff)} in the forward pass in {p}{only}; it {made}",
         suggestion, Location(module=module), p, data,
     )
 
@@ -568,7 +581,7 @@ def _backward_finding(p: str, s: dict, fb: dict) -> Finding:
                       + ("; in fp16 prefer bf16 or keep this module in float32." if p == "fp16" else "."))
     return Finding(
         "AMP206", "nonfinite-in-backward", Severity.ERROR,
-        f"{where}: {what} is {fb['kind']} in the backward pass in {p}{unscaled}, although the forward "
+        f"{where}: {what} is {_shown(fb)} in the backward pass in {p}{unscaled}, although the forward "
         "pass is finite",
         suggestion, Location(module=fb.get("module")), p, data,
     )

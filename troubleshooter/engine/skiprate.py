@@ -18,7 +18,7 @@ import torch
 from ..findings import Finding, Location, Severity
 from ..workload import Workload
 from . import precision as prec
-from .budget import no_room
+from .budget import no_room, record_step_s
 from .training_step import build, device_batch, training_step
 
 RULE, NAME = "AMP204", "high-skip-rate"
@@ -84,6 +84,7 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
             if over_budget and i + 1 < steps and (trained >= MIN_STEPS_AFTER_CALIBRATION or after < 1.0):
                 break
             step_s = time.perf_counter() - step_start
+            record_step_s("fp16", step_s)  # the other checks plan their fp16 work on it
             if no_room(deadline, step_s) and i + 1 < steps:  # stop before a step that would end past it
                 break
         loss_values = torch.stack(losses).tolist() if losses else []
