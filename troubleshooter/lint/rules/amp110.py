@@ -10,13 +10,15 @@ def _is_none(node) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) -> tuple[list[str], list[ast.AST]] | None:
+def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0,
+                        before: int | None = None) -> tuple[list[str], list[ast.AST]] | None:
     """String keys and value expressions of the dict being saved; None when it cannot be resolved.
 
     Follows a name through its dict assignments in the scope (skipping `ckpt = torch.load(...)`,
     `ckpt = None` and other values that are not dicts: other uses of the same name), `ckpt[k] = v`, `ckpt.update(...)`,
     `dict(...)`, and `asdict(State(...))` / `State(...)` for a class of this file. A key that holds
-    `None` carries no state and is left out."""
+    `None` carries no state and is left out. With `before` (the save's line), a name is followed only
+    through what is written to it above that line: a dict built further down is another checkpoint."""
     if depth > 4:
         return None
     if isinstance(obj, ast.Dict):
@@ -33,6 +35,8 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
     if isinstance(obj, ast.Name):
         keys, values, found = [], [], False
         for kind, n in _name_index(m, scope).get(obj.id, []):
+            if before is not None and n.lineno > before:
+                continue
             if kind == "assign":
                 sub = checkpoint_contents(m, scope, n.value, depth + 1)
                 if sub is None:

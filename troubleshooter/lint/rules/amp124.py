@@ -33,7 +33,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
             for e in s.of(SAVE):
                 if e.arg is None:
                     continue
-                contents = checkpoint_contents(m, s, e.arg)
+                contents = checkpoint_contents(m, s, e.arg, before=e.line)
                 values = contents[1] if contents else [e.arg]
                 owners = state_owners(values)
                 has_opt = any(m.is_optimizer(o) for o in owners)
