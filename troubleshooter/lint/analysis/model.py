@@ -96,7 +96,21 @@ class FileModel(Roles, AutocastResolution):
     @property
     def calls(self) -> list[ast.Call]:
         """Every call in the file, in walk order (several rules scan only calls)."""
-        return self.memo.get(("calls",), lambda: [n for n in self.nodes if n.__class__ is ast.Call])
+        return self.of_class(ast.Call)
+
+    def of_class(self, cls: type) -> list[ast.AST]:
+        """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
+        these short lists instead of every node of the file (the index is built once, on first use)."""
+        return self.memo.get(("by_class",), self._index_classes).get(cls, [])
+
+    def _index_classes(self) -> dict[type, list[ast.AST]]:
+        index: dict[type, list[ast.AST]] = {}
+        for n in self.nodes:
+            bucket = index.get(n.__class__)
+            if bucket is None:
+                index[n.__class__] = bucket = []
+            bucket.append(n)
+        return index
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""

@@ -104,25 +104,24 @@ def _collect_divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
 
     out: list[tuple[ast.AST, bool]] = []
     contexts: list[ast.AST] = []
-    Assign, Return, Call, AugAssign, BinOp, Div = ast.Assign, ast.Return, ast.Call, ast.AugAssign, ast.BinOp, ast.Div
-    for n in m.nodes:
-        cls = n.__class__
-        if cls is Call:
-            attr = getattr(n.func, "attr", None)
-            if attr in {"backward", "scale"}:
-                contexts.append(n)
-            elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
-                out.append((n.args[0], True))
-        elif cls is BinOp:
-            if n.op.__class__ is Div and lossy(n.left):
-                out.append((n.right, True))
-        elif cls is Assign:
-            if any(lossy(t) for t in n.targets):
-                contexts.append(n.value)
-        elif cls is Return:
-            if n.value is not None:
-                contexts.append(n.value)
-        elif cls is AugAssign and n.op.__class__ is Div and lossy(n.target):
+    Div, BinOp = ast.Div, ast.BinOp
+    for n in m.calls:
+        attr = getattr(n.func, "attr", None)
+        if attr in {"backward", "scale"}:
+            contexts.append(n)
+        elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
+            out.append((n.args[0], True))
+    for n in m.of_class(ast.BinOp):
+        if n.op.__class__ is Div and lossy(n.left):
+            out.append((n.right, True))
+    for n in m.of_class(ast.Assign):
+        if any(lossy(t) for t in n.targets):
+            contexts.append(n.value)
+    for n in m.of_class(ast.Return):
+        if n.value is not None:
+            contexts.append(n.value)
+    for n in m.of_class(ast.AugAssign):
+        if n.op.__class__ is Div and lossy(n.target):
             out.append((n.value, True))
     for ctx in contexts:
         for n in walk(ctx):

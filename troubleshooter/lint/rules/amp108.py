@@ -78,24 +78,26 @@ _GRAD_SCALING = re.compile(r"scale_grads?_?$|normali[sz]e_grads?_?$|div_grads?_?
 
 
 def _find_summed(m) -> bool:
-    for n in m.nodes:
-        if isinstance(n, (ast.Name, ast.Attribute)) and _GRAD_SCALING.search(getattr(n, "attr", getattr(n, "id", ""))):
-            return True  # torchtune: sum token losses, then scale_grads_(params, 1 / num_tokens) at the step
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in {"div_", "mul_"} \
+    if any(_GRAD_SCALING.search(i) for i in m.identifiers):
+        return True  # torchtune: sum token losses, then scale_grads_(params, 1 / num_tokens) at the step
+    for n in m.calls:
+        if isinstance(n.func, ast.Attribute) and n.func.attr in {"div_", "mul_"} \
                 and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "grad":
             return True  # p.grad.div_(n_micro): the normalisation is applied to the gradients
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.Mult)) \
-                and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
+    for n in m.of_class(ast.AugAssign):
+        if isinstance(n.op, (ast.Div, ast.Mult)) and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
             return True
-        if isinstance(n, ast.keyword) and n.arg == "reduction" and isinstance(n.value, ast.Constant) \
-                and n.value.value == "sum":
+    for n in m.of_class(ast.keyword):
+        if n.arg == "reduction" and isinstance(n.value, ast.Constant) and n.value.value == "sum":
             return True
-        if isinstance(n, ast.Return) and isinstance(n.value, (ast.BinOp, ast.Tuple)):
+    for n in m.of_class(ast.Return):
+        if isinstance(n.value, (ast.BinOp, ast.Tuple)):
             value = n.value.elts[0] if isinstance(n.value, ast.Tuple) and n.value.elts else n.value
             scope = m.scope_of(n)
             if "loss" in f"{scope.name} {scope.cls or ''}".lower() and _times_batch(value):
                 return True
-        elif isinstance(n, ast.BinOp) and _times_batch(n) and "loss" in text(n).lower():
+    for n in m.of_class(ast.BinOp):
+        if _times_batch(n) and "loss" in text(n).lower():
             return True
     return False
 
