@@ -67,11 +67,15 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]
     return out, children
 
 
+_Name, _Attribute = ast.Name, ast.Attribute
+
+
 def tail(node: ast.AST) -> str | None:
     """Last name component: `self.scaler` -> 'scaler', `scaler` -> 'scaler', `f()` -> None."""
-    if isinstance(node, ast.Name):
+    cls = node.__class__  # exact classes: called for nearly every call and assignment of the file
+    if cls is _Name:
         return node.id
-    if isinstance(node, ast.Attribute):
+    if cls is _Attribute:
         return node.attr
     return None
 
@@ -88,7 +92,7 @@ def func_tail(call: ast.Call) -> str | None:
 
 
 def receiver(call: ast.Call) -> ast.AST | None:
-    return call.func.value if isinstance(call.func, ast.Attribute) else None
+    return call.func.value if call.func.__class__ is _Attribute else None
 
 
 def text(node: ast.AST | None) -> str:
