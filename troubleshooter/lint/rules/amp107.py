@@ -42,7 +42,7 @@ if scaler.get_scale() >= scale_before:  # the step was not skipped
     fix = ("Compare `scaler.get_scale()` before and after `scaler.update()` and step the scheduler only when the "
            "scale did not drop, or set the LR from the step index instead.")
 
-    known_problems = 'Schedulers that only read the step count (warm-up by iteration) drift by the number of skipped steps, which is small once the scale settles; the warning matters most early in training and for per-iteration schedules.'
+    known_problems = 'Schedulers that only read the step count (warm-up by iteration) drift by the number of skipped steps, which is small once the scale settles; the warning matters most early in training and for per-iteration schedules. A branch on the scale or an overflow flag counts as the check; `if scaler:` / `if scaler is not None:` only asks whether the fp16 path is on and does not.'
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
 
     def check(self, m):
