@@ -124,3 +124,12 @@ def test_half_checkpoint_reads_the_dict_written_above_the_save():
            "for x in data:\n    loss = model(x).float().mean()\n    loss.backward()\n    opt.step()\n    opt.zero_grad()\n")
     got = {line for r, line in _rules_at(src) if r == "AMP124"}
     assert got == {11}
+
+
+def test_checkpoint_helper_given_the_scaler_on_the_amp_path_only():
+    """SlowFast: `cu.save_checkpoint(dir, model, optimizer, epoch, cfg, scaler if mixed else None)` saves it."""
+    src = ("import torch\nimport utils.checkpoint as cu\nscaler = torch.amp.GradScaler('cuda', enabled=mixed)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "cu.save_checkpoint(out, model, opt, epoch, cfg, {arg})\n")
+    assert not any(r == "AMP110" for r, _ in _rules_at(src.format(arg="scaler if mixed else None")))
+    assert ("AMP110", 5) in _rules_at(src.format(arg="None"))

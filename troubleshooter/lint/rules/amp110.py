@@ -193,6 +193,13 @@ def _names(node):
             yield n.attr
 
 
+def _either_branch(arg: ast.AST) -> list[ast.AST]:
+    """`scaler if use_amp else None` hands the scaler on the AMP path: look at both branches."""
+    if isinstance(arg, ast.IfExp):
+        return _either_branch(arg.body) + _either_branch(arg.orelse)
+    return [arg]
+
+
 def _outside_helpers_without_scaler(m, scaler: str):
     """`save_checkpoint(model, optimizer, epoch)` with the helper imported from another file: it is
     handed the optimizer but not the scaler, so whatever it writes cannot hold the scaler state.
@@ -204,8 +211,8 @@ def _outside_helpers_without_scaler(m, scaler: str):
         r = n.func.value if isinstance(n.func, ast.Attribute) else None
         if r is not None and (MANAGED_RE.search(tail(r) or "") or tail(r) in {"torch", "np", "numpy", "plt", "self"}):
             continue
-        args = list(n.args) + [k.value for k in n.keywords]
-        keys = [tail(a) for a in args if isinstance(a, (ast.Name, ast.Attribute))]
+        args = [_either_branch(a) for a in list(n.args) + [k.value for k in n.keywords]]
+        keys = [tail(a) for alts in args for a in alts if isinstance(a, (ast.Name, ast.Attribute))]
         if not any(m.is_optimizer(k) for k in keys if k):
             continue
         if any(k and (m.is_scaler(k) or "scal" in k.lower() or "amp" in k.lower()) for k in keys) or \
