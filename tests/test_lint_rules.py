@@ -133,3 +133,9 @@ def test_checkpoint_helper_given_the_scaler_on_the_amp_path_only():
            "cu.save_checkpoint(out, model, opt, epoch, cfg, {arg})\n")
     assert not any(r == "AMP110" for r, _ in _rules_at(src.format(arg="scaler if mixed else None")))
     assert ("AMP110", 5) in _rules_at(src.format(arg="None"))
+
+
+def test_matrix_vector_linear_is_not_padded():
+    """modded-nanogpt `nn.Linear(12, 1)` gate: padding 12 to 16 buys nothing for one output."""
+    src = "import torch.nn as nn\ngate = nn.Linear(12, 1)\nproj = nn.Linear(12, 64)\n"
+    assert {(r, line) for r, line in _rules_at(src) if r == "AMP121"} == {("AMP121", 3)}
