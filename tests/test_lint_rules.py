@@ -139,3 +139,15 @@ def test_matrix_vector_linear_is_not_padded():
     """modded-nanogpt `nn.Linear(12, 1)` gate: padding 12 to 16 buys nothing for one output."""
     src = "import torch.nn as nn\ngate = nn.Linear(12, 1)\nproj = nn.Linear(12, 64)\n"
     assert {(r, line) for r, line in _rules_at(src) if r == "AMP121"} == {("AMP121", 3)}
+
+
+def test_delayed_actor_update_is_not_accumulation():
+    """cleanrl TD3/DDPG: the critic steps every iteration, the actor every `policy_frequency` steps."""
+    src = ("import torch\nfor global_step in range(1000):\n    qf_loss = critic_loss()\n    q_optimizer.zero_grad()\n"
+           "    qf_loss.backward()\n{critic_step}"
+           "    if global_step % policy_frequency == 0:\n        actor_loss = -q(obs).mean()\n"
+           "        actor_optimizer.zero_grad()\n        actor_loss.backward()\n        actor_optimizer.step()\n")
+    assert not any(r == "AMP108" for r, _ in _rules_at(src.format(critic_step="    q_optimizer.step()\n")))
+    accumulating = ("import torch\nfor i, b in enumerate(loader):\n    loss = model(b)\n    loss.backward()\n"
+                    "    if (i + 1) % accum == 0:\n        optimizer.step()\n        optimizer.zero_grad()\n")
+    assert any(r == "AMP108" for r, _ in _rules_at(accumulating))

@@ -39,6 +39,15 @@ class Accumulation:
     per_micro: Callable[[Event], bool]  # does this event run on every micro-batch?
 
 
+def _stepped_every_time(b: Event, steps: list[Event], g) -> bool:
+    """A backward followed, on the same path, by an optimizer step outside the guard is consumed every
+    iteration. Asked only when the guard runs its own backward before its step: TD3/DDPG update the
+    critic each step and the actor (backward and step) every N steps, a delayed update of another
+    optimizer, not accumulation; a guard holding only zero_grad still makes an accumulation loop."""
+    return any(e.kind in (OPT_STEP, SCALER_STEP) and g not in e.guards and e.loops == b.loops
+               and e.guards == b.guards and e.branches == b.branches and e.line > b.line for e in steps)
+
+
 def accumulations(scope: Scope) -> list[Accumulation]:
     out: list[Accumulation] = []
     steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
@@ -50,7 +59,9 @@ def accumulations(scope: Scope) -> list[Accumulation]:
         loops = inside[0].loops
         if not loops:
             continue
-        micro = [b for b in bws if g not in b.guards and b.loops == loops]
+        own_backward = any(g in b.guards for b in bws)  # the guarded step has its own backward
+        micro = [b for b in bws if g not in b.guards and b.loops == loops
+                 and not (own_backward and _stepped_every_time(b, steps, g))]
         if micro:
             b0 = micro[0]
             out.append(Accumulation("guard", g.node, g.count, micro,
