@@ -151,3 +151,13 @@ def test_delayed_actor_update_is_not_accumulation():
     accumulating = ("import torch\nfor i, b in enumerate(loader):\n    loss = model(b)\n    loss.backward()\n"
                     "    if (i + 1) % accum == 0:\n        optimizer.step()\n        optimizer.zero_grad()\n")
     assert any(r == "AMP108" for r, _ in _rules_at(accumulating))
+
+
+def test_framework_loss_scaler_is_not_a_gradscaler():
+    """Vendored mmcv (LAVIS): its own LossScaler class and its dynamic `loss_scale` property."""
+    src = ("import torch\n\nclass LossScaler:\n    @staticmethod\n    def _has_inf_or_nan(x):\n        return False\n\n"
+           "    def has_overflow(self, params):\n        return any(LossScaler._has_inf_or_nan(p.grad) for p in params)\n\n\n"
+           "class Fp16OptimizerHook:\n    def after_train_iter(self, runner):\n"
+           "        scaled_loss = runner.outputs['loss'] * self.loss_scaler.loss_scale\n        scaled_loss.backward()\n")
+    found = {r for r, _ in _rules_at(src)}
+    assert "AMP118" not in found and "AMP114" not in found

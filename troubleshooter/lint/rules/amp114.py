@@ -88,6 +88,9 @@ def _computed(m, factor: ast.AST) -> bool:
         return False
     key = tail(factor)
     values = m.assigns.get(key or "", [])
+    owner = tail(factor.value) if isinstance(factor, ast.Attribute) else None
+    if not values and owner and "scal" in owner.lower():
+        return True  # `self.loss_scaler.loss_scale`: read from a loss-scaler object (mmcv, apex), dynamic there
     if key in m.memo.get(("amp114_augmented",), lambda: {tail(n.target) for n in m.nodes
                                                           if isinstance(n, ast.AugAssign)}):
         return True
