@@ -32,7 +32,7 @@ if (i + 1) % accum_steps == 0:
 """
     fix = "Divide the loss by the number of accumulation steps before backward: `loss = loss / accum_steps`."
 
-    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`, torchtune's token-count sum with `scale_grads_` at the step) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. An accumulation count sized in samples (`accumulate = max(round(nbs / batch_size), 1)`, the YOLO family, whose loss is summed over the batch in another file) is not flagged either. A normalisation done inside the model or in another file is not seen."
+    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`, torchtune's token-count sum with `scale_grads_` at the step) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. An accumulation count sized in samples (`accumulate = max(round(nbs / batch_size), 1)`, the YOLO family, whose loss is summed over the batch in another file) is not flagged either. A delayed update of another optimizer (TD3/DDPG: the actor's backward and step every N steps while the critic steps every iteration) is not accumulation. A normalisation done inside the model or in another file is not seen."
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
 
     def check(self, m):

@@ -49,7 +49,7 @@ scaler.update()
 """
     fix = "Use `torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`."
 
-    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported.'
+    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported. Nor is a scale read from a loss-scaler object (`self.loss_scaler.loss_scale`, mmcv/apex style).'
     references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
 
     def check(self, m):

@@ -27,7 +27,7 @@ if scaler.get_scale() < 1.0:
     fix = ("Use `scaler.get_scale()`, `scaler.state_dict()`, `scaler.is_enabled()`, `get_growth_factor()`; to "
            "detect a skipped step compare `get_scale()` before and after `update()`.")
 
-    known_problems = 'Private members may be read on purpose for logging; the warning is that they change between releases.'
+    known_problems = 'Private members may be read on purpose for logging; the warning is that they change between releases. Members of a class defined in the same file (a framework\'s own `LossScaler`) are not GradScaler members and are not reported.'
     references = ('https://pytorch.org/docs/stable/amp.html (GradScaler)',)
 
     def check(self, m):
