@@ -65,7 +65,21 @@ def table(result: dict) -> str:
                f"(issue 10 patterns, notebooks; {len(patterns)} files): {len(result['found']) - len(own)}/{total - own_total}")
     out.append(f"files: {len(result['labels'])}, unreadable: {len(result['unread'])}; false findings: "
                f"error {sev['error']}, warning {sev['warning']}, info {sev['info']}")
+    out.append(generalisation_line(result))
     return "\n".join(out)
+
+
+def generalisation_line(result: dict) -> str:
+    """The files added after the linter was tuned (labels carry "new"): recall and false findings on them alone."""
+    new = {n for n, e in result["labels"].items() if e.get("new")}
+    if not new:
+        return "generalisation set: none"
+    total = sum(len(result["labels"][n]["expect"]) for n in new)
+    got = sum(1 for f in result["found"] if f[0] in new)
+    sev = Counter(f[2] for f in result["false"] if f[0] in new)
+    unread = sum(1 for u in result["unread"] if u[0] in new)
+    return (f"generalisation set ({len(new)} files added after tuning, labelled before running): {got}/{total} found; "
+            f"unreadable {unread}; false findings: error {sev['error']}, warning {sev['warning']}, info {sev['info']}")
 
 
 def main() -> int:

@@ -10,6 +10,11 @@ classes, every rule's flagged and clean scripts, concatenated into ~1000-line fi
 each the median of --repeat runs, and prints ms per 1000 lines and the ratios.
 
     python bench/lint_speed.py [--lines 100000] [--repeat 3] [--json out.json]
+    python bench/lint_speed.py --lines 20000 --skip-torchfix --baseline /tmp/old   # before/after
+
+--baseline ROOT (a folder holding another version's `troubleshooter/`, e.g. from
+`git archive <rev> troubleshooter | tar -x -C ROOT`) adds rounds of fresh processes alternating
+that version, this one and pyflakes on the same files: before/after and ours/pyflakes in one run.
 TorchFix and pyflakes are optional (`pip install -r requirements-bench.txt`); without them only ours is timed.
 """
 from __future__ import annotations
@@ -72,19 +77,70 @@ def _median_time(fn, repeat: int, label: str | None = None) -> float:
     return statistics.median(times)
 
 
+def _time_one(tool: str, root: str, folder: str) -> float:
+    """CPU seconds of one in-process lint of `folder` (after one warm-up run) by `tool` imported from `root`."""
+    if tool == "pyflakes":
+        import io
+
+        import pyflakes.api
+        import pyflakes.reporter
+
+        def run():
+            pyflakes.api.checkRecursive([folder], pyflakes.reporter.Reporter(io.StringIO(), io.StringIO()))
+    else:
+        sys.path.insert(0, root)
+        for name in [n for n in sys.modules if n == "troubleshooter" or n.startswith("troubleshooter.")]:
+            del sys.modules[name]
+        from troubleshooter.lint import lint_paths
+
+        def run():
+            lint_paths([folder])
+    run()
+    c0 = time.process_time()
+    run()
+    return time.process_time() - c0
+
+
+def _baseline_rounds(baseline: str, folder: Path, rounds: int) -> dict[str, list[float]]:
+    """Rounds of fresh processes, each timing one tool; the order of the three rotates every round."""
+    tools = [("baseline", "ours", baseline), ("this", "ours", str(ROOT)), ("pyflakes", "pyflakes", "")]
+    out: dict[str, list[float]] = {name: [] for name, _, _ in tools}
+    for r in range(rounds):
+        for name, tool, root in tools[r % 3:] + tools[:r % 3]:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--time-one", tool, root or "-", str(folder)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            out[name].append(float(done.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip-torchfix", action="store_true", help="do not time TorchFix (it takes minutes)")
+    ap.add_argument("--dir", help="time these existing files (a real source tree) instead of generated ones")
+    ap.add_argument("--baseline", help="folder with another version's troubleshooter/ package to compare against")
+    ap.add_argument("--time-one", nargs=3, metavar=("TOOL", "ROOT", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.time_one:
+        print(_time_one(*args.time_one))
+        return 0
 
     from troubleshooter.lint import lint_paths
 
     tmp = Path(tempfile.mkdtemp(prefix="lint_bench_"))
     try:
-        files, lines = generate(tmp, args.lines)
+        if args.dir:
+            shutil.rmtree(tmp)
+            shutil.copytree(args.dir, tmp, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+            for p in tmp.rglob("*"):  # the same .py files for every tool (pyflakes reads no notebooks)
+                if p.is_file() and p.suffix != ".py":
+                    p.unlink()
+            py = list(tmp.rglob("*.py"))
+            files, lines = len(py), sum(p.read_bytes().count(b"\n") for p in py)
+        else:
+            files, lines = generate(tmp, args.lines)
         kl = lines / 1000
         results = {"files": files, "lines": lines, "python": platform.python_version(),
                    "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "repeat": args.repeat}
@@ -127,6 +183,8 @@ def main(argv=None) -> int:
                                                      args.repeat, "pyflakes_cli")
         except ImportError:
             pass
+        if args.baseline:
+            results["baseline_rounds_cpu_s"] = _baseline_rounds(args.baseline, tmp, max(args.repeat, 5))
         tf = None if args.skip_torchfix else shutil.which("torchfix")
         if tf:
             results["torchfix_version"] = subprocess.run([tf, "--version"], capture_output=True, text=True).stdout.strip()
@@ -172,7 +230,14 @@ def main(argv=None) -> int:
               f"ours CLI {cpu['ours_cli']:.2f}, torchfix {cpu['torchfix_j1']:.2f} ({1000 * cpu['torchfix_j1'] / kl:.1f} ms/1k)"
               f" -> ratio API {results['cpu_ratio_api']:.3f}, CLI {results['cpu_ratio_cli']:.3f}")
     else:
-        print("torchfix not installed: pip install -r requirements-bench.txt to compare")
+        print("torchfix not timed (--skip-torchfix) or not installed: pip install -r requirements-bench.txt")
+    if "baseline_rounds_cpu_s" in results:
+        med = {k: statistics.median(v) for k, v in results["baseline_rounds_cpu_s"].items()}
+        results["baseline_median_cpu_s"] = med
+        print(f"fresh-process rounds, CPU s (median of {len(results['baseline_rounds_cpu_s']['this'])}): "
+              f"baseline {med['baseline']:.3f}, this {med['this']:.3f}, pyflakes {med['pyflakes']:.3f} -> "
+              f"this/baseline {med['this'] / med['baseline']:.2f}, baseline/pyflakes {med['baseline'] / med['pyflakes']:.2f}, "
+              f"this/pyflakes {med['this'] / med['pyflakes']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -87,3 +87,77 @@ def test_user_docs_cover_every_rule():
     docs = (Path(__file__).parents[1] / "docs" / "lint.md").read_text()
     for r in all_rules():
         assert f"### {r.id} {r.name}" in docs, r.id
+
+
+def _rules_at(src: str) -> set[tuple[str, int]]:
+    return {(f.rule, f.location.line) for f in lint_text(src, "t.py").findings}
+
+
+def test_scheduler_inside_if_scaler_is_still_per_iteration():
+    """`if scaler:` only asks whether the fp16 path is on; it cannot tell a skipped step (whisper-finetune)."""
+    src = ("import torch\n\ndef train_step(model, x, optimizer, lr_scheduler, use_amp):\n"
+           "    scaler = torch.amp.GradScaler('cuda') if use_amp else None\n"
+           "    with torch.autocast('cuda', enabled=use_amp):\n        loss = model(x).mean()\n"
+           "    if scaler:\n        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n"
+           "        lr_scheduler.step()\n        scaler.update()\n")
+    assert ("AMP107", 10) in _rules_at(src)
+    guarded = src.replace("        lr_scheduler.step()\n", "        if scaler.get_scale() >= 1.0:\n            lr_scheduler.step()\n")
+    assert not any(r == "AMP107" for r, _ in _rules_at(guarded))
+
+
+def test_accumulation_counted_in_samples_is_not_an_unnormalised_loss():
+    """accumulate = nbs / batch_size (YOLO family, loss summed over samples in another file): no AMP108."""
+    loop = ("import torch\nscaler = torch.amp.GradScaler('cuda')\n{count}\n"
+            "for i, (x, y) in enumerate(loader):\n    with torch.autocast('cuda'):\n        loss = compute_loss(model(x), y)\n"
+            "    scaler.scale(loss).backward()\n    if i % accumulate == 0:\n        scaler.step(optimizer)\n"
+            "        scaler.update()\n        optimizer.zero_grad()\n")
+    assert not any(r == "AMP108" for r, _ in _rules_at(loop.format(count="accumulate = max(round(64 / batch_size), 1)")))
+    assert any(r == "AMP108" for r, _ in _rules_at(loop.format(count="accumulate = 4")))
+
+
+def test_half_checkpoint_reads_the_dict_written_above_the_save():
+    """DALLE-pytorch: a first save of a dict without weights, the weights added further down for a second save."""
+    src = ("import torch\nmodel = Net().cuda().half()\nopt = torch.optim.Adam(model.parameters())\n"
+           "def save(path, ds):\n    obj = {'epoch': 1}\n    if ds:\n        obj = {**obj, 'weights': 'see deepspeed'}\n"
+           "        torch.save(obj, path)\n        return\n"
+           "    obj = {**obj, 'weights': model.state_dict(), 'opt': opt.state_dict()}\n    torch.save(obj, path)\n"
+           "for x in data:\n    loss = model(x).float().mean()\n    loss.backward()\n    opt.step()\n    opt.zero_grad()\n")
+    got = {line for r, line in _rules_at(src) if r == "AMP124"}
+    assert got == {11}
+
+
+def test_checkpoint_helper_given_the_scaler_on_the_amp_path_only():
+    """SlowFast: `cu.save_checkpoint(dir, model, optimizer, epoch, cfg, scaler if mixed else None)` saves it."""
+    src = ("import torch\nimport utils.checkpoint as cu\nscaler = torch.amp.GradScaler('cuda', enabled=mixed)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "cu.save_checkpoint(out, model, opt, epoch, cfg, {arg})\n")
+    assert not any(r == "AMP110" for r, _ in _rules_at(src.format(arg="scaler if mixed else None")))
+    assert ("AMP110", 5) in _rules_at(src.format(arg="None"))
+
+
+def test_matrix_vector_linear_is_not_padded():
+    """modded-nanogpt `nn.Linear(12, 1)` gate: padding 12 to 16 buys nothing for one output."""
+    src = "import torch.nn as nn\ngate = nn.Linear(12, 1)\nproj = nn.Linear(12, 64)\n"
+    assert {(r, line) for r, line in _rules_at(src) if r == "AMP121"} == {("AMP121", 3)}
+
+
+def test_delayed_actor_update_is_not_accumulation():
+    """cleanrl TD3/DDPG: the critic steps every iteration, the actor every `policy_frequency` steps."""
+    src = ("import torch\nfor global_step in range(1000):\n    qf_loss = critic_loss()\n    q_optimizer.zero_grad()\n"
+           "    qf_loss.backward()\n{critic_step}"
+           "    if global_step % policy_frequency == 0:\n        actor_loss = -q(obs).mean()\n"
+           "        actor_optimizer.zero_grad()\n        actor_loss.backward()\n        actor_optimizer.step()\n")
+    assert not any(r == "AMP108" for r, _ in _rules_at(src.format(critic_step="    q_optimizer.step()\n")))
+    accumulating = ("import torch\nfor i, b in enumerate(loader):\n    loss = model(b)\n    loss.backward()\n"
+                    "    if (i + 1) % accum == 0:\n        optimizer.step()\n        optimizer.zero_grad()\n")
+    assert any(r == "AMP108" for r, _ in _rules_at(accumulating))
+
+
+def test_framework_loss_scaler_is_not_a_gradscaler():
+    """Vendored mmcv (LAVIS): its own LossScaler class and its dynamic `loss_scale` property."""
+    src = ("import torch\n\nclass LossScaler:\n    @staticmethod\n    def _has_inf_or_nan(x):\n        return False\n\n"
+           "    def has_overflow(self, params):\n        return any(LossScaler._has_inf_or_nan(p.grad) for p in params)\n\n\n"
+           "class Fp16OptimizerHook:\n    def after_train_iter(self, runner):\n"
+           "        scaled_loss = runner.outputs['loss'] * self.loss_scaler.loss_scale\n        scaled_loss.backward()\n")
+    found = {r for r, _ in _rules_at(src)}
+    assert "AMP118" not in found and "AMP114" not in found

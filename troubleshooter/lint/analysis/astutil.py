@@ -6,15 +6,31 @@ import ast
 from .vocab import ZEROING
 
 
+# Fields that only hold shared marker singletons (Load/Store, Add, Eq, Not, ...): a third of a tree's
+# nodes, never looked for by walking (rules read `n.ctx` / `n.op` directly), so walks skip them.
+_MARKER_FIELDS = frozenset({"ctx", "op", "ops"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    f = _FIELDS.get(cls)
+    if f is None:
+        f = _FIELDS[cls] = tuple(name for name in cls._fields if name not in _MARKER_FIELDS)
+    return f
+
+
 def walk(node: ast.AST) -> list[ast.AST]:
-    """All nodes under `node` (itself first), as a list: ~2x faster than `ast.walk`'s generator."""
+    """All nodes under `node` (itself first) but the Load/Store/operator markers, as a list: ~2x faster
+    than `ast.walk`'s generator."""
     out = [node]
     i = 0
     AST = ast.AST
+    fields = _FIELDS
     while i < len(out):
         n = out[i]
         i += 1
-        for name in n._fields:
+        names = fields.get(n.__class__) or _fields(n.__class__)
+        for name in names:
             v = getattr(n, name, None)
             if v.__class__ is list:
                 for x in v:
@@ -31,11 +47,13 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]
     children: dict[int, list[ast.AST]] = {}
     i = 0
     AST = ast.AST
+    fields = _FIELDS
     while i < len(out):
         n = out[i]
         i += 1
         kids = []
-        for name in n._fields:
+        names = fields.get(n.__class__) or _fields(n.__class__)
+        for name in names:
             v = getattr(n, name, None)
             if v.__class__ is list:
                 for x in v:
@@ -49,11 +67,15 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]
     return out, children
 
 
+_Name, _Attribute = ast.Name, ast.Attribute
+
+
 def tail(node: ast.AST) -> str | None:
     """Last name component: `self.scaler` -> 'scaler', `scaler` -> 'scaler', `f()` -> None."""
-    if isinstance(node, ast.Name):
+    cls = node.__class__  # exact classes: called for nearly every call and assignment of the file
+    if cls is _Name:
         return node.id
-    if isinstance(node, ast.Attribute):
+    if cls is _Attribute:
         return node.attr
     return None
 
@@ -70,7 +92,7 @@ def func_tail(call: ast.Call) -> str | None:
 
 
 def receiver(call: ast.Call) -> ast.AST | None:
-    return call.func.value if isinstance(call.func, ast.Attribute) else None
+    return call.func.value if call.func.__class__ is _Attribute else None
 
 
 def text(node: ast.AST | None) -> str:

@@ -76,19 +76,22 @@ class FileModel(Roles, AutocastResolution):
 
     def _build_scopes(self) -> None:
         self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
-        for node in self.nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                cls = self.parents_of_func.get(id(node))
-                scope = Scope(node, node.name, cls.name if cls else None)
-                regions: list[Autocast] = []
-                for d in node.decorator_list:
-                    if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
-                                             tail(d) in {"no_grad", "inference_mode"}):
-                        scope.nograd_func = True
-                    ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
-                    if ac is not None:
-                        regions.append(ac)
-                self.scopes.append(Walker(self, scope, tuple(regions)).run(node.body))
+        defs = self.of_class(ast.FunctionDef) + self.of_class(ast.AsyncFunctionDef)
+        if self.of_class(ast.AsyncFunctionDef):
+            order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
+            defs.sort(key=lambda n: order[id(n)])
+        for node in defs:
+            cls = self.parents_of_func.get(id(node))
+            scope = Scope(node, node.name, cls.name if cls else None)
+            regions: list[Autocast] = []
+            for d in node.decorator_list:
+                if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
+                                         tail(d) in {"no_grad", "inference_mode"}):
+                    scope.nograd_func = True
+                ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
+                if ac is not None:
+                    regions.append(ac)
+            self.scopes.append(Walker(self, scope, tuple(regions)).run(node.body))
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
@@ -96,7 +99,21 @@ class FileModel(Roles, AutocastResolution):
     @property
     def calls(self) -> list[ast.Call]:
         """Every call in the file, in walk order (several rules scan only calls)."""
-        return self.memo.get(("calls",), lambda: [n for n in self.nodes if n.__class__ is ast.Call])
+        return self.of_class(ast.Call)
+
+    def of_class(self, cls: type) -> list[ast.AST]:
+        """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
+        these short lists instead of every node of the file (the index is built once, on first use)."""
+        return self.memo.get(("by_class",), self._index_classes).get(cls, [])
+
+    def _index_classes(self) -> dict[type, list[ast.AST]]:
+        index: dict[type, list[ast.AST]] = {}
+        for n in self.nodes:
+            bucket = index.get(n.__class__)
+            if bucket is None:
+                index[n.__class__] = bucket = []
+            bucket.append(n)
+        return index
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""

@@ -179,7 +179,7 @@ class Walker:
         t = func_tail(c)
         r = receiver(c)
         rk = tail(r) if r is not None else None
-        q = m.names.qual(c.func) or ""
+        q = (m.names.qual(c.func) or "") if t == "backward" or t == "save" else ""  # only these two ask
         if t:
             self.s.calls.add(t)
         regions = ctx[2]

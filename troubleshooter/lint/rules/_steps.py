@@ -39,6 +39,15 @@ class Accumulation:
     per_micro: Callable[[Event], bool]  # does this event run on every micro-batch?
 
 
+def _stepped_every_time(b: Event, steps: list[Event], g) -> bool:
+    """A backward followed, on the same path, by an optimizer step outside the guard is consumed every
+    iteration. Asked only when the guard runs its own backward before its step: TD3/DDPG update the
+    critic each step and the actor (backward and step) every N steps, a delayed update of another
+    optimizer, not accumulation; a guard holding only zero_grad still makes an accumulation loop."""
+    return any(e.kind in (OPT_STEP, SCALER_STEP) and g not in e.guards and e.loops == b.loops
+               and e.guards == b.guards and e.branches == b.branches and e.line > b.line for e in steps)
+
+
 def accumulations(scope: Scope) -> list[Accumulation]:
     out: list[Accumulation] = []
     steps = scope.of(OPT_STEP, SCALER_STEP, ZERO_GRAD)
@@ -50,7 +59,9 @@ def accumulations(scope: Scope) -> list[Accumulation]:
         loops = inside[0].loops
         if not loops:
             continue
-        micro = [b for b in bws if g not in b.guards and b.loops == loops]
+        own_backward = any(g in b.guards for b in bws)  # the guarded step has its own backward
+        micro = [b for b in bws if g not in b.guards and b.loops == loops
+                 and not (own_backward and _stepped_every_time(b, steps, g))]
         if micro:
             b0 = micro[0]
             out.append(Accumulation("guard", g.node, g.count, micro,
@@ -104,25 +115,24 @@ def _collect_divisions(m: FileModel) -> list[tuple[ast.AST, bool]]:
 
     out: list[tuple[ast.AST, bool]] = []
     contexts: list[ast.AST] = []
-    Assign, Return, Call, AugAssign, BinOp, Div = ast.Assign, ast.Return, ast.Call, ast.AugAssign, ast.BinOp, ast.Div
-    for n in m.nodes:
-        cls = n.__class__
-        if cls is Call:
-            attr = getattr(n.func, "attr", None)
-            if attr in {"backward", "scale"}:
-                contexts.append(n)
-            elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
-                out.append((n.args[0], True))
-        elif cls is BinOp:
-            if n.op.__class__ is Div and lossy(n.left):
-                out.append((n.right, True))
-        elif cls is Assign:
-            if any(lossy(t) for t in n.targets):
-                contexts.append(n.value)
-        elif cls is Return:
-            if n.value is not None:
-                contexts.append(n.value)
-        elif cls is AugAssign and n.op.__class__ is Div and lossy(n.target):
+    Div, BinOp = ast.Div, ast.BinOp
+    for n in m.calls:
+        attr = getattr(n.func, "attr", None)
+        if attr in {"backward", "scale"}:
+            contexts.append(n)
+        elif attr in {"div", "div_", "true_divide"} and n.args and lossy(n.func):
+            out.append((n.args[0], True))
+    for n in m.of_class(ast.BinOp):
+        if n.op.__class__ is Div and lossy(n.left):
+            out.append((n.right, True))
+    for n in m.of_class(ast.Assign):
+        if any(lossy(t) for t in n.targets):
+            contexts.append(n.value)
+    for n in m.of_class(ast.Return):
+        if n.value is not None:
+            contexts.append(n.value)
+    for n in m.of_class(ast.AugAssign):
+        if n.op.__class__ is Div and lossy(n.target):
             out.append((n.value, True))
     for ctx in contexts:
         for n in walk(ctx):

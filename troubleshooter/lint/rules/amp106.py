@@ -17,16 +17,16 @@ def guarded_ids(m) -> set[int]:
 
 def _collect_guarded(m) -> set[int]:
     out: set[int] = set()
-    for node in m.nodes:
-        if isinstance(node, (ast.If, ast.IfExp)) and _GUARD_RE.search(text(node.test)):
+    for node in m.of_class(ast.If) + m.of_class(ast.IfExp):
+        if _GUARD_RE.search(text(node.test)):
             out.update(id(n) for n in m.subtree(node))
-        elif isinstance(node, ast.Try):
-            # `try: new API / except ImportError: old API` is a fallback; an old import in the try
-            # body itself is what runs on every current torch, so only the handlers are exempt.
-            for h in node.handlers:
-                names = {getattr(n, "id", getattr(n, "attr", "")) for n in walk(h.type)} if h.type else {"*"}
-                if names & _FALLBACK_EXC or "*" in names:
-                    out.update(id(n) for st in h.body for n in m.subtree(st))
+    for node in m.of_class(ast.Try):
+        # `try: new API / except ImportError: old API` is a fallback; an old import in the try
+        # body itself is what runs on every current torch, so only the handlers are exempt.
+        for h in node.handlers:
+            names = {getattr(n, "id", getattr(n, "attr", "")) for n in walk(h.type)} if h.type else {"*"}
+            if names & _FALLBACK_EXC or "*" in names:
+                out.update(id(n) for st in h.body for n in m.subtree(st))
     return out
 
 
@@ -65,8 +65,8 @@ with torch.amp.autocast("cuda"):
         return False
 
     def check(self, m):
-        candidates = [n for n in m.nodes if (n.__class__ is ast.Attribute and n.attr in _OLD_NAMES)
-                      or (n.__class__ is ast.ImportFrom and n.module and ".amp" in n.module)]
+        candidates = [n for n in m.of_class(ast.Attribute) if n.attr in _OLD_NAMES] + \
+            [n for n in m.of_class(ast.ImportFrom) if n.module and ".amp" in n.module]
         if not candidates:
             return
         guarded = guarded_ids(m)  # version guards are looked for only in files that use an old name

@@ -2,7 +2,7 @@
 import ast
 import re
 
-from ..analysis import text
+from ..analysis import names_in, text
 from ._steps import accumulations, divides_by
 from .base import Hit, Rule
 
@@ -32,13 +32,14 @@ if (i + 1) % accum_steps == 0:
 """
     fix = "Divide the loss by the number of accumulation steps before backward: `loss = loss / accum_steps`."
 
-    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`, torchtune's token-count sum with `scale_grads_` at the step) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. A normalisation done inside the model or in another file is not seen."
+    known_problems = "A loss summed over samples by design (`reduction=\"sum\"`, YOLOv5's `loss * bs`, torchtune's token-count sum with `scale_grads_` at the step) is not flagged: the sum over micro-batches is then the sum over the large batch, which the learning rate was chosen for. An accumulation count sized in samples (`accumulate = max(round(nbs / batch_size), 1)`, the YOLO family, whose loss is summed over the batch in another file) is not flagged either. A delayed update of another optimizer (TD3/DDPG: the actor's backward and step every N steps while the critic steps every iteration) is not accumulation. A normalisation done inside the model or in another file is not seen."
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
 
     def check(self, m):
         for s in m.scopes:
             for acc in accumulations(s):
-                if acc.count is None or divides_by(m, acc.count) or _summed_by_design(m):
+                if acc.count is None or divides_by(m, acc.count) or _summed_by_design(m) \
+                        or _counted_in_samples(m, acc.count):
                     continue
                 bw = next((b for b in acc.backwards if not b.managed), None)
                 if bw is None:
@@ -58,28 +59,45 @@ def _summed_by_design(m) -> bool:
     return m.memo.get(("amp108_summed",), lambda: _find_summed(m))
 
 
+def _counted_in_samples(m, count: ast.AST) -> bool:
+    """Is N a number of samples over the batch size (`accumulate = max(round(nbs / batch_size), 1)`)?
+
+    Accumulating until a nominal batch of samples is seen is the idiom of code whose loss is a sum over
+    samples (the YOLO family multiplies its loss by the batch size inside a loss class in another file),
+    so an undivided loss is then correct; without seeing the loss, the rule stays silent."""
+    for name in names_in(count):
+        for value in m.assigns.get(name, ()):
+            for n in m.walk(value):
+                if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) \
+                        and any(_BATCH.search(k) for k in names_in(n.right)):
+                    return True
+    return False
+
+
 _GRAD_SCALING = re.compile(r"scale_grads?_?$|normali[sz]e_grads?_?$|div_grads?_?$", re.I)
 
 
 def _find_summed(m) -> bool:
-    for n in m.nodes:
-        if isinstance(n, (ast.Name, ast.Attribute)) and _GRAD_SCALING.search(getattr(n, "attr", getattr(n, "id", ""))):
-            return True  # torchtune: sum token losses, then scale_grads_(params, 1 / num_tokens) at the step
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in {"div_", "mul_"} \
+    if any(_GRAD_SCALING.search(i) for i in m.identifiers):
+        return True  # torchtune: sum token losses, then scale_grads_(params, 1 / num_tokens) at the step
+    for n in m.calls:
+        if isinstance(n.func, ast.Attribute) and n.func.attr in {"div_", "mul_"} \
                 and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "grad":
             return True  # p.grad.div_(n_micro): the normalisation is applied to the gradients
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.Mult)) \
-                and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
+    for n in m.of_class(ast.AugAssign):
+        if isinstance(n.op, (ast.Div, ast.Mult)) and isinstance(n.target, ast.Attribute) and n.target.attr == "grad":
             return True
-        if isinstance(n, ast.keyword) and n.arg == "reduction" and isinstance(n.value, ast.Constant) \
-                and n.value.value == "sum":
+    for n in m.of_class(ast.keyword):
+        if n.arg == "reduction" and isinstance(n.value, ast.Constant) and n.value.value == "sum":
             return True
-        if isinstance(n, ast.Return) and isinstance(n.value, (ast.BinOp, ast.Tuple)):
+    for n in m.of_class(ast.Return):
+        if isinstance(n.value, (ast.BinOp, ast.Tuple)):
             value = n.value.elts[0] if isinstance(n.value, ast.Tuple) and n.value.elts else n.value
             scope = m.scope_of(n)
             if "loss" in f"{scope.name} {scope.cls or ''}".lower() and _times_batch(value):
                 return True
-        elif isinstance(n, ast.BinOp) and _times_batch(n) and "loss" in text(n).lower():
+    for n in m.of_class(ast.BinOp):
+        if _times_batch(n) and "loss" in text(n).lower():
             return True
     return False
 

@@ -10,13 +10,15 @@ def _is_none(node) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) -> tuple[list[str], list[ast.AST]] | None:
+def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0,
+                        before: int | None = None) -> tuple[list[str], list[ast.AST]] | None:
     """String keys and value expressions of the dict being saved; None when it cannot be resolved.
 
     Follows a name through its dict assignments in the scope (skipping `ckpt = torch.load(...)`,
     `ckpt = None` and other values that are not dicts: other uses of the same name), `ckpt[k] = v`, `ckpt.update(...)`,
     `dict(...)`, and `asdict(State(...))` / `State(...)` for a class of this file. A key that holds
-    `None` carries no state and is left out."""
+    `None` carries no state and is left out. With `before` (the save's line), a name is followed only
+    through what is written to it above that line: a dict built further down is another checkpoint."""
     if depth > 4:
         return None
     if isinstance(obj, ast.Dict):
@@ -33,6 +35,8 @@ def checkpoint_contents(m, scope: Scope, obj: ast.AST | None, depth: int = 0) ->
     if isinstance(obj, ast.Name):
         keys, values, found = [], [], False
         for kind, n in _name_index(m, scope).get(obj.id, []):
+            if before is not None and n.lineno > before:
+                continue
             if kind == "assign":
                 sub = checkpoint_contents(m, scope, n.value, depth + 1)
                 if sub is None:
@@ -189,6 +193,13 @@ def _names(node):
             yield n.attr
 
 
+def _either_branch(arg: ast.AST) -> list[ast.AST]:
+    """`scaler if use_amp else None` hands the scaler on the AMP path: look at both branches."""
+    if isinstance(arg, ast.IfExp):
+        return _either_branch(arg.body) + _either_branch(arg.orelse)
+    return [arg]
+
+
 def _outside_helpers_without_scaler(m, scaler: str):
     """`save_checkpoint(model, optimizer, epoch)` with the helper imported from another file: it is
     handed the optimizer but not the scaler, so whatever it writes cannot hold the scaler state.
@@ -200,8 +211,8 @@ def _outside_helpers_without_scaler(m, scaler: str):
         r = n.func.value if isinstance(n.func, ast.Attribute) else None
         if r is not None and (MANAGED_RE.search(tail(r) or "") or tail(r) in {"torch", "np", "numpy", "plt", "self"}):
             continue
-        args = list(n.args) + [k.value for k in n.keywords]
-        keys = [tail(a) for a in args if isinstance(a, (ast.Name, ast.Attribute))]
+        args = [_either_branch(a) for a in list(n.args) + [k.value for k in n.keywords]]
+        keys = [tail(a) for alts in args for a in alts if isinstance(a, (ast.Name, ast.Attribute))]
         if not any(m.is_optimizer(k) for k in keys if k):
             continue
         if any(k and (m.is_scaler(k) or "scal" in k.lower() or "amp" in k.lower()) for k in keys) or \

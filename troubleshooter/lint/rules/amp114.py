@@ -49,7 +49,7 @@ scaler.update()
 """
     fix = "Use `torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`."
 
-    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported.'
+    known_problems = 'A factor computed per batch (a sample weight) or updated in place (a hand-written dynamic scale) is not a fixed scale and is not reported. Nor is a scale read from a loss-scaler object (`self.loss_scaler.loss_scale`, mmcv/apex style).'
     references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
 
     def check(self, m):
@@ -88,6 +88,9 @@ def _computed(m, factor: ast.AST) -> bool:
         return False
     key = tail(factor)
     values = m.assigns.get(key or "", [])
+    owner = tail(factor.value) if isinstance(factor, ast.Attribute) else None
+    if not values and owner and "scal" in owner.lower():
+        return True  # `self.loss_scaler.loss_scale`: read from a loss-scaler object (mmcv, apex), dynamic there
     if key in m.memo.get(("amp114_augmented",), lambda: {tail(n.target) for n in m.nodes
                                                           if isinstance(n, ast.AugAssign)}):
         return True

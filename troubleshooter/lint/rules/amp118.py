@@ -27,16 +27,16 @@ if scaler.get_scale() < 1.0:
     fix = ("Use `scaler.get_scale()`, `scaler.state_dict()`, `scaler.is_enabled()`, `get_growth_factor()`; to "
            "detect a skipped step compare `get_scale()` before and after `update()`.")
 
-    known_problems = 'Private members may be read on purpose for logging; the warning is that they change between releases.'
+    known_problems = 'Private members may be read on purpose for logging; the warning is that they change between releases. Members of a class defined in the same file (a framework\'s own `LossScaler`) are not GradScaler members and are not reported.'
     references = ('https://pytorch.org/docs/stable/amp.html (GradScaler)',)
 
     def check(self, m):
         lines = set()
-        for n in m.nodes:
-            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+        for n in m.of_class(ast.Attribute):
+            if n.attr.startswith("_") and not n.attr.startswith("__"):
                 k = tail(n.value) if isinstance(n.value, (ast.Name, ast.Attribute)) else None
-                if k is None or k == "self":
-                    continue
+                if k is None or k == "self" or k in m.classes:
+                    continue  # `LossScaler._has_inf_or_nan`: a class of this file, not torch's GradScaler
                 if (m.is_scaler(k) or "scaler" in k.lower()) and (n.attr in PRIVATE or m.is_scaler(k)):
                     if n.lineno not in lines:
                         lines.add(n.lineno)

@@ -22,7 +22,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
 """
     fix = "Keep float32 master weights (autocast instead of `.half()`) and checkpoint those; export a half copy separately for inference."
 
-    known_problems = 'Exports for inference (a separate half copy) are fine; the rule looks for a half state dict saved with optimizer state.'
+    known_problems = 'Exports for inference (a separate half copy) are fine; the rule looks for a half state dict saved with optimizer state. A checkpoint name is read through what is written to it above the save, so a dict completed further down belongs to a later save.'
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
 
     def check(self, m):
@@ -33,7 +33,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
             for e in s.of(SAVE):
                 if e.arg is None:
                     continue
-                contents = checkpoint_contents(m, s, e.arg)
+                contents = checkpoint_contents(m, s, e.arg, before=e.line)
                 values = contents[1] if contents else [e.arg]
                 owners = state_owners(values)
                 has_opt = any(m.is_optimizer(o) for o in owners)
