@@ -6,6 +6,8 @@ engine, so a rule means the same whether it was read in the source or seen at ru
 """
 from __future__ import annotations
 
+import re
+
 import math
 from typing import Any
 
@@ -136,8 +138,28 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
     where = first.get("where") or {}
     if where.get("module") is not None and where["module"] != f.location.module:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
-    location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
+    module = f.location.module
+    maker = _making_module(fwd)
+    if maker is not None and maker != module:
+        data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
+        module = maker
+    location = Location(path=where.get("path"), line=where.get("line"), module=module)
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
+
+
+def _making_module(fwd: dict | None) -> str | None:
+    """The module whose own forward() code (not a submodule) made the first non-finite value:
+    an overflowing `q @ k.T` in Attention.forward shows up first at the input of its `proj`
+    Linear, but the first module to go non-finite is the Attention itself."""
+    if not fwd or fwd.get("inputs_finite") is not False:
+        return None
+    m = _MADE_IN.match(str(fwd.get("source") or ""))
+    if m is None or m.group(1) == "<root>":
+        return None
+    return m.group(1)
 
 
 def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:
