@@ -126,3 +126,19 @@ def test_the_module_whose_own_code_made_the_value_is_named():
     assert analysis._making_module({**made, "source": "code in the forward() of '<root>' (Net) outside any submodule"}) is None
     assert analysis._making_module({**made, "source": "the model's input batch is already non-finite"}) is None
     assert analysis._making_module({**made, "inputs_finite": True}) is None and analysis._making_module(None) is None
+
+
+def test_an_overflow_inside_a_modules_own_code_is_amp202_when_float32_is_finite():
+    fwd = {"module": "blocks.1.attn.proj", "class": "Linear", "dtype": "float16", "phase": "forward", "kind": "nan",
+           "created": False, "inputs_finite": False, "input_max_abs": ["nan"], "output_max_abs": ["nan"],
+           "call_index": 10, "occurrence": 1, "autocast": "float16",
+           "source": "code in the forward() of 'blocks.1.attn' (Attention) outside any submodule"}
+    event = {"step": 0, "skipped": True, "loss": 63.7, "precision": "fp16", "autocast": "float16", "forward": fwd,
+             "backward": None, "loss_grad_nonfinite": False, "mode": "re-run of the failing step",
+             "parameters_nonfinite_before": [], "where": {"path": "/p/model.py", "line": 19, "module": "blocks.1.attn"}}
+    ref = {"precision": "fp32", "module": "blocks.1.attn", "finite": True, "max_abs": 99.7}
+    [f] = analysis.numerics_findings({"events": [{**event, "reference": ref}]}, [])
+    assert (f.rule, f.location.module, f.location.path) == ("AMP202", "blocks.1.attn", "/p/model.py")
+    assert f.data["first_nonfinite_output"] == "blocks.1.attn.proj" and "65504" in f.message
+    [g] = analysis.numerics_findings({"events": [{**event, "reference": {**ref, "finite": False}}]}, [])
+    assert (g.rule, g.location.module) == ("AMP205", "blocks.1.attn")  # NaN in float32 too: not an overflow

@@ -6,7 +6,6 @@ engine, so a rule means the same whether it was read in the source or seen at ru
 """
 from __future__ import annotations
 
-import re
 
 import math
 from typing import Any
@@ -15,7 +14,7 @@ from ..engine.nanhunt import _backward_finding, _forward_finding
 from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
-from .numerics import is_real
+from .numerics import is_real, making_module
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
 TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
@@ -144,22 +143,24 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
         data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
         module = maker
     location = Location(path=where.get("path"), line=where.get("line"), module=module)
+    ref = first.get("reference") or {}
+    if maker is not None and p == "fp16" and ref.get("module") == maker and ref.get("finite"):
+        # the maker's output is finite with autocast off: an fp16 overflow that became NaN inside it
+        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
+        return [Finding(
+            "AMP202", "fp16-overflow", Severity.ERROR,
+            f"'{maker}' overflows float16 in the forward pass: its own code makes a non-finite value from "
+            f"finite inputs under fp16 autocast ({(fwd or {}).get('kind', 'nan')} first seen at the input of "
+            f"'{data['first_nonfinite_output']}'), while in float32 its output is finite (max |x| "
+            f"{ref.get('max_abs')}); float16's largest value is 65504 (step {first['step']})",
+            f"Train in bf16 where the hardware supports it; otherwise keep '{maker}' in float32 (run it under "
+            "torch.autocast(device_type, enabled=False) with .float() inputs), or bring its values into range "
+            "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
+            location, "fp16", data)]
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
 
 
-_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
-
-
-def _making_module(fwd: dict | None) -> str | None:
-    """The module whose own forward() code (not a submodule) made the first non-finite value:
-    an overflowing `q @ k.T` in Attention.forward shows up first at the input of its `proj`
-    Linear, but the first module to go non-finite is the Attention itself."""
-    if not fwd or fwd.get("inputs_finite") is not False:
-        return None
-    m = _MADE_IN.match(str(fwd.get("source") or ""))
-    if m is None or m.group(1) == "<root>":
-        return None
-    return m.group(1)
+_making_module = making_module  # where the child decided it, for the same reading here
 
 
 def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:
