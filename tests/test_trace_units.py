@@ -142,3 +142,29 @@ def test_an_overflow_inside_a_modules_own_code_is_amp202_when_float32_is_finite(
     assert f.data["first_nonfinite_output"] == "blocks.1.attn.proj" and "65504" in f.message
     [g] = analysis.numerics_findings({"events": [{**event, "reference": {**ref, "finite": False}}]}, [])
     assert (g.rule, g.location.module) == ("AMP205", "blocks.1.attn")  # NaN in float32 too: not an overflow
+
+
+def test_the_first_watched_call_keeps_its_keyword_arguments():
+    # model(**inputs) / model(x, labels=y): the loss is computed from a keyword argument, and a
+    # re-run of the failing step without it would compute no loss and find nothing
+    from torch import nn
+
+    from troubleshooter.trace.numerics import Numerics
+    from troubleshooter.trace.recorder import Recorder
+
+    class WithLabels(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, labels=None):
+            return self.lin(x)
+
+    num = Numerics(Recorder(steps=100), nan=False, headroom=False)
+    try:
+        WithLabels()(torch.ones(2, 3), labels=torch.zeros(2))
+        args, kwargs, _ = num._last_in
+        assert len(args) == 1 and set(kwargs) == {"labels"}
+    finally:
+        num._remove_discovery()
+        num._stop_watch()

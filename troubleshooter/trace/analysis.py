@@ -103,7 +103,7 @@ def skiprate_findings(series: list[dict], where: dict | None = None) -> list[Fin
                     Location(path=where.get("path"), line=where.get("line")), "fp16", data)]
 
 
-def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
+def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] | None = None) -> list[Finding]:
     """AMP202/205/206 from the first non-finite event that is not a GradScaler skip."""
     events = numerics.get("events") or []
     first = next((e for e in events if is_real(e)), None)
@@ -142,6 +142,13 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
     if maker is not None and maker != module:
         data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
         module = maker
+    if fwd is None and not loss_finite and where.get("path") is None:
+        # every module output finite, the loss not: the loss was computed outside the model; the
+        # ops that made it are not hooked, so point at that step's backward() on it
+        back = _backward_of_step(timeline or [], first["step"])
+        if back is not None:
+            where = {"path": back["path"], "line": back["line"]}
+            data["located_at"] = "the backward() of the non-finite loss; the op that made it runs before"
     location = Location(path=where.get("path"), line=where.get("line"), module=module)
     ref = first.get("reference") or {}
     if maker is not None and p == "fp16" and ref.get("module") == maker and ref.get("finite"):
@@ -158,6 +165,13 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
             "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
             location, "fp16", data)]
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+def _backward_of_step(timeline: list[dict], step: int) -> dict | None:
+    for rec in timeline:
+        if rec.get("step") == step:
+            return next((e for e in rec.get("events", []) if e.get("kind") == "backward" and e.get("path")), None)
+    return None
 
 
 _making_module = making_module  # where the child decided it, for the same reading here
@@ -199,7 +213,7 @@ def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
-    findings += numerics_findings(numerics, raw.get("series") or [])
+    findings += numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
     findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))
     exc = (raw.get("exit") or {}).get("exception")

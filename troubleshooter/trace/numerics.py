@@ -16,6 +16,7 @@ import gc
 import inspect
 import math
 import re
+import sys
 from functools import partial
 
 import torch
@@ -46,6 +47,21 @@ def making_module(fwd: dict | None) -> str | None:
     if m is None or m.group(1) == "<root>":
         return None
     return m.group(1)
+
+
+def _call_kwargs(module: nn.Module) -> dict | None:
+    """The keyword arguments of the module call being made: global forward pre-hooks get only
+    the positional ones (`model(x, labels=y)` - the HF style - computes its loss from `labels`),
+    so read them from `Module._call_impl`'s frame; None when it cannot be found."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
+            kwargs = frame.f_locals.get("kwargs")
+            return dict(kwargs) if isinstance(kwargs, dict) else None
+        frame = frame.f_back
+    return None
 
 
 def _precision(autocast: str | None, dtype: str | None) -> str:
@@ -94,7 +110,11 @@ class Numerics:
             self.hooks._pre(0, module, args, {})
         else:
             self._start_watch(module)
-            self._keep_inputs(module, args, {})
+            kwargs = _call_kwargs(module)
+            if kwargs is None:  # unknown: a re-run without them would not be the step that failed
+                self._last_in = None
+            else:
+                self._keep_inputs(module, args, kwargs)
         return None
 
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------
