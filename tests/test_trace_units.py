@@ -123,7 +123,7 @@ def test_the_module_whose_own_code_made_the_value_is_named():
     made = {"module": "blocks.1.attn.proj", "inputs_finite": False,
             "source": "code in the forward() of 'blocks.1.attn' (Attention) outside any submodule"}
     assert analysis._making_module(made) == "blocks.1.attn"
-    assert analysis._making_module({**made, "source": "code in the forward() of '<root>' (Net) outside any submodule"}) is None
+    assert analysis._making_module({**made, "source": "code in the forward() of '<root>' (Net) outside any submodule"}) == ""
     assert analysis._making_module({**made, "source": "the model's input batch is already non-finite"}) is None
     assert analysis._making_module({**made, "inputs_finite": True}) is None and analysis._making_module(None) is None
 

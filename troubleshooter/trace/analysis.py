@@ -156,11 +156,11 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
         data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
         return [Finding(
             "AMP202", "fp16-overflow", Severity.ERROR,
-            f"'{maker}' overflows float16 in the forward pass: its own code makes a non-finite value from "
+            f"'{maker or '<root>'}' overflows float16 in the forward pass: its own code makes a non-finite value from "
             f"finite inputs under fp16 autocast ({(fwd or {}).get('kind', 'nan')} first seen at the input of "
             f"'{data['first_nonfinite_output']}'), while in float32 its output is finite (max |x| "
             f"{ref.get('max_abs')}); float16's largest value is 65504 (step {first['step']})",
-            f"Train in bf16 where the hardware supports it; otherwise keep '{maker}' in float32 (run it under "
+            f"Train in bf16 where the hardware supports it; otherwise keep '{maker or '<root>'}' in float32 (run it under "
             "torch.autocast(device_type, enabled=False) with .float() inputs), or bring its values into range "
             "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
             location, "fp16", data)]

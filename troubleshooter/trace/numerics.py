@@ -44,9 +44,9 @@ def making_module(fwd: dict | None) -> str | None:
     if not fwd or fwd.get("inputs_finite") is not False:
         return None
     m = _MADE_IN.match(str(fwd.get("source") or ""))
-    if m is None or m.group(1) == "<root>":
+    if m is None:
         return None
-    return m.group(1)
+    return "" if m.group(1) == "<root>" else m.group(1)  # "": the model's own forward()
 
 
 def _call_kwargs(module: nn.Module) -> dict | None:
