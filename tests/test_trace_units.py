@@ -73,3 +73,98 @@ def test_cli_passes_everything_after_double_dash_to_the_script():
     assert (args.script, args.steps, args.format) == ("train.py", 5, "json")
     assert args.script_args == ["--steps", "9", "--lr", "0.1"]
     assert build_parser().parse_args(["trace", "train.py"]).script_args == []
+
+
+# -- found on the held-out scripts (tests/fixtures/trace/heldout) ---------------------------
+def _recorder_with_optimizer():
+    from troubleshooter.trace.recorder import Recorder
+
+    rec = Recorder(steps=100)
+    rec.on_optimizer_init(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    return rec
+
+
+def test_a_per_epoch_scheduler_is_not_a_per_iteration_one():
+    # torchvision references: scheduler.step() once per epoch, after the epoch's last scaler step
+    rec = _recorder_with_optimizer()
+    per_epoch, per_iteration = object(), object()
+    for _ in range(4):
+        rec.complete_step(skipped=True, via_scaler=True)
+    rec.on_scheduler_step(per_epoch)
+    assert rec.violations == [] and rec.scheduler_after_scaler_steps == 0
+    rec.complete_step(skipped=True, via_scaler=True)
+    rec.on_scheduler_step(per_epoch)  # one step since its last call: as per-iteration as it gets
+    rec.complete_step(skipped=True, via_scaler=True)
+    rec.on_scheduler_step(per_iteration)  # first call: 6 steps since the start
+    assert [v["rule"] for v in rec.violations] == ["AMP107"] and rec.scheduler_after_scaler_steps == 1
+
+
+def test_fp16_backward_in_a_loop_without_an_optimizer_is_amp103():
+    # word_language_model updates p.data itself: no optimizer step ever closes an iteration
+    from troubleshooter.trace.recorder import Recorder
+
+    def loop(rec, n):
+        for _ in range(n):
+            rec.on_autocast_enter(torch.autocast("cpu", dtype=torch.float16))
+            rec.on_autocast_exit()
+            rec.on_backward(torch.ones((), requires_grad=True))
+
+    rec = Recorder(steps=100)
+    loop(rec, 1)
+    assert rec.violations == []  # one backward could be a gradient probe, not training
+    loop(rec, 70)
+    assert [v["rule"] for v in rec.violations] == ["AMP103"] and len(rec.backwards) <= 64
+    with_opt = _recorder_with_optimizer()  # an optimizer: complete_step decides, as before
+    loop(with_opt, 3)
+    assert with_opt.violations == []
+
+
+def test_the_module_whose_own_code_made_the_value_is_named():
+    made = {"module": "blocks.1.attn.proj", "inputs_finite": False,
+            "source": "code in the forward() of 'blocks.1.attn' (Attention) outside any submodule"}
+    assert analysis._making_module(made) == "blocks.1.attn"
+    assert analysis._making_module({**made, "source": "code in the forward() of '<root>' (Net) outside any submodule"}) == ""
+    assert analysis._making_module({**made, "source": "the model's input batch is already non-finite"}) is None
+    assert analysis._making_module({**made, "inputs_finite": True}) is None and analysis._making_module(None) is None
+
+
+def test_an_overflow_inside_a_modules_own_code_is_amp202_when_float32_is_finite():
+    fwd = {"module": "blocks.1.attn.proj", "class": "Linear", "dtype": "float16", "phase": "forward", "kind": "nan",
+           "created": False, "inputs_finite": False, "input_max_abs": ["nan"], "output_max_abs": ["nan"],
+           "call_index": 10, "occurrence": 1, "autocast": "float16",
+           "source": "code in the forward() of 'blocks.1.attn' (Attention) outside any submodule"}
+    event = {"step": 0, "skipped": True, "loss": 63.7, "precision": "fp16", "autocast": "float16", "forward": fwd,
+             "backward": None, "loss_grad_nonfinite": False, "mode": "re-run of the failing step",
+             "parameters_nonfinite_before": [], "where": {"path": "/p/model.py", "line": 19, "module": "blocks.1.attn"}}
+    ref = {"precision": "fp32", "module": "blocks.1.attn", "finite": True, "max_abs": 99.7}
+    [f] = analysis.numerics_findings({"events": [{**event, "reference": ref}]}, [])
+    assert (f.rule, f.location.module, f.location.path) == ("AMP202", "blocks.1.attn", "/p/model.py")
+    assert f.data["first_nonfinite_output"] == "blocks.1.attn.proj" and "65504" in f.message
+    [g] = analysis.numerics_findings({"events": [{**event, "reference": {**ref, "finite": False}}]}, [])
+    assert (g.rule, g.location.module) == ("AMP205", "blocks.1.attn")  # NaN in float32 too: not an overflow
+
+
+def test_the_first_watched_call_keeps_its_keyword_arguments():
+    # model(**inputs) / model(x, labels=y): the loss is computed from a keyword argument, and a
+    # re-run of the failing step without it would compute no loss and find nothing
+    from torch import nn
+
+    from troubleshooter.trace.numerics import Numerics
+    from troubleshooter.trace.recorder import Recorder
+
+    class WithLabels(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, labels=None):
+            return self.lin(x)
+
+    num = Numerics(Recorder(steps=100), nan=False, headroom=False)
+    try:
+        WithLabels()(torch.ones(2, 3), labels=torch.zeros(2))
+        args, kwargs, _ = num._last_in
+        assert len(args) == 1 and set(kwargs) == {"labels"}
+    finally:
+        num._remove_discovery()
+        num._stop_watch()

@@ -22,6 +22,8 @@ Choices that keep it robust in real training code:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import fnmatch
 import math
 import threading
@@ -55,7 +57,7 @@ def _measurable(t: torch.Tensor) -> bool:
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors inside a module's inputs/outputs: tensors, tuples, lists, dicts (ModelOutput)."""
+    """Tensors inside a module's inputs/outputs: tensors, tuples, lists, dicts (ModelOutput), dataclasses."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif depth < _MAX_NEST:
@@ -65,6 +67,9 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         elif isinstance(obj, dict):
             for item in obj.values():
                 yield from _tensors(item, depth + 1)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # output objects with .loss/.logits
+            for field in dataclasses.fields(obj):
+                yield from _tensors(getattr(obj, field.name, None), depth + 1)
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:

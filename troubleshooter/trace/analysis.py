@@ -6,6 +6,7 @@ engine, so a rule means the same whether it was read in the source or seen at ru
 """
 from __future__ import annotations
 
+
 import math
 from typing import Any
 
@@ -13,7 +14,7 @@ from ..engine.nanhunt import _backward_finding, _forward_finding
 from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
-from .numerics import is_real
+from .numerics import is_real, making_module
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
 TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
@@ -102,7 +103,7 @@ def skiprate_findings(series: list[dict], where: dict | None = None) -> list[Fin
                     Location(path=where.get("path"), line=where.get("line")), "fp16", data)]
 
 
-def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
+def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] | None = None) -> list[Finding]:
     """AMP202/205/206 from the first non-finite event that is not a GradScaler skip."""
     events = numerics.get("events") or []
     first = next((e for e in events if is_real(e)), None)
@@ -136,8 +137,44 @@ def numerics_findings(numerics: dict, series: list[dict]) -> list[Finding]:
     where = first.get("where") or {}
     if where.get("module") is not None and where["module"] != f.location.module:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
-    location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
+    module = f.location.module
+    maker = _making_module(fwd)
+    if maker is not None and maker != module:
+        data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
+        module = maker
+    if fwd is None and not loss_finite and where.get("path") is None:
+        # every module output finite, the loss not: the loss was computed outside the model; the
+        # ops that made it are not hooked, so point at that step's backward() on it
+        back = _backward_of_step(timeline or [], first["step"])
+        if back is not None:
+            where = {"path": back["path"], "line": back["line"]}
+            data["located_at"] = "the backward() of the non-finite loss; the op that made it runs before"
+    location = Location(path=where.get("path"), line=where.get("line"), module=module)
+    ref = first.get("reference") or {}
+    if maker is not None and p == "fp16" and ref.get("module") == maker and ref.get("finite"):
+        # the maker's output is finite with autocast off: an fp16 overflow that became NaN inside it
+        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
+        return [Finding(
+            "AMP202", "fp16-overflow", Severity.ERROR,
+            f"'{maker or '<root>'}' overflows float16 in the forward pass: its own code makes a non-finite value from "
+            f"finite inputs under fp16 autocast ({(fwd or {}).get('kind', 'nan')} first seen at the input of "
+            f"'{data['first_nonfinite_output']}'), while in float32 its output is finite (max |x| "
+            f"{ref.get('max_abs')}); float16's largest value is 65504 (step {first['step']})",
+            f"Train in bf16 where the hardware supports it; otherwise keep '{maker or '<root>'}' in float32 (run it under "
+            "torch.autocast(device_type, enabled=False) with .float() inputs), or bring its values into range "
+            "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
+            location, "fp16", data)]
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+def _backward_of_step(timeline: list[dict], step: int) -> dict | None:
+    for rec in timeline:
+        if rec.get("step") == step:
+            return next((e for e in rec.get("events", []) if e.get("kind") == "backward" and e.get("path")), None)
+    return None
+
+
+_making_module = making_module  # where the child decided it, for the same reading here
 
 
 def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:
@@ -176,7 +213,7 @@ def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
-    findings += numerics_findings(numerics, raw.get("series") or [])
+    findings += numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
     findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))
     exc = (raw.get("exit") or {}).get("exception")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import gc
 import inspect
 import math
+import re
+import sys
 from functools import partial
 
 import torch
@@ -30,6 +32,36 @@ MAX_SKIP_RERUNS = 3  # plain mode: skipped steps re-run with hooks
 MAX_KEPT_OUTPUT_ELEMENTS = 64 * 2**20  # plain mode: output gradients kept for a backward re-run
 MAX_ARMS = 3  # plain mode: times the hooks are attached after a non-finite or skipped step
 FP16_TINY = 2.0 ** -24  # smallest float16 subnormal: scaled gradients below it become 0
+
+
+_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
+
+
+def making_module(fwd: dict | None) -> str | None:
+    """The module whose own forward() code (not a submodule) made the first non-finite value:
+    an overflowing `q @ k.T` in Attention.forward shows up first at the input of its `proj`
+    Linear, but the first module to go non-finite is the Attention itself."""
+    if not fwd or fwd.get("inputs_finite") is not False:
+        return None
+    m = _MADE_IN.match(str(fwd.get("source") or ""))
+    if m is None:
+        return None
+    return "" if m.group(1) == "<root>" else m.group(1)  # "": the model's own forward()
+
+
+def _call_kwargs(module: nn.Module) -> dict | None:
+    """The keyword arguments of the module call being made: global forward pre-hooks get only
+    the positional ones (`model(x, labels=y)` - the HF style - computes its loss from `labels`),
+    so read them from `Module._call_impl`'s frame; None when it cannot be found."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is module:
+            kwargs = frame.f_locals.get("kwargs")
+            return dict(kwargs) if isinstance(kwargs, dict) else None
+        frame = frame.f_back
+    return None
 
 
 def _precision(autocast: str | None, dtype: str | None) -> str:
@@ -78,7 +110,11 @@ class Numerics:
             self.hooks._pre(0, module, args, {})
         else:
             self._start_watch(module)
-            self._keep_inputs(module, args, {})
+            kwargs = _call_kwargs(module)
+            if kwargs is None:  # unknown: a re-run without them would not be the step that failed
+                self._last_in = None
+            else:
+                self._keep_inputs(module, args, kwargs)
         return None
 
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------
@@ -166,6 +202,8 @@ class Numerics:
                 torch.autograd.grad(outs, params, grad_outputs=[grads_out[i] for i in range(len(outs))],
                                     allow_unused=True)
             report = hooks.collect()
+            hooks.detach()
+            reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
         finally:
             rec.muted = False
             hooks.detach()
@@ -180,6 +218,39 @@ class Numerics:
                 "loss": None if loss is None else (loss if math.isfinite(loss) else ("nan" if loss != loss else "inf"))}
         self.last_rerun_step = rec.steps
         self._record(report, step, "re-run of the failing step")
+        if reference is not None and self.events and self.events[-1]["forward"] is report.forward:
+            self.events[-1]["reference"] = reference
+
+    @staticmethod
+    def _fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, fwd) -> dict | None:
+        """fp16 only, when the first non-finite value was made by a module's own code (not a
+        submodule): is that module's output finite with autocast off? Then it is an fp16 overflow
+        (`q @ k.T` past 65504 turning into NaN in the softmax), not a NaN of the code itself.
+        Runs inside the re-run, before buffers and RNG state are restored."""
+        maker = making_module(fwd)
+        if maker is None or not ac_on or ac_dtype != torch.float16:
+            return None
+        try:
+            sub = model.get_submodule(maker)
+        except AttributeError:
+            return None
+        seen: dict = {}
+
+        def check(module, inputs, output):
+            if "finite" not in seen:
+                seen["finite"] = all(bool(torch.isfinite(t).all()) for t in _tensors(output) if t.is_floating_point())
+                seen["max_abs"] = max((float(t.detach().abs().max()) for t in _tensors(output)
+                                       if t.is_floating_point() and t.numel()), default=0.0)
+
+        handle = sub.register_forward_hook(check)
+        try:
+            with torch.no_grad(), torch.autocast(device, enabled=False):
+                model(*args, **kwargs)
+        finally:
+            handle.remove()
+        if "finite" not in seen:
+            return None
+        return {"precision": "fp32", "module": maker, "finite": seen["finite"], "max_abs": number(seen["max_abs"])}
 
     def _remove_discovery(self) -> None:
         if self._discover is not None:

@@ -77,6 +77,8 @@ class Recorder:
         self.last_step_skipped = False
         self.last_step_via_scaler = False
         self.scheduler_after_scaler_steps = 0
+        self.manual_flagged: set[str] = set()
+        self.steps_at_scheduler: dict[int, int] = {}  # id(scheduler) -> optimizer steps at its last step()
         self.scaler_steps = 0
         self.losses: list[torch.Tensor] = []
         self.series: list[dict] = []  # per completed step: skipped, scale, loss
@@ -154,11 +156,27 @@ class Recorder:
         record = {"ev": ev, "scaled": scaler is not None and _scaler_enabled(scaler),
                   "fp16": self.fp16_autocast_since_step}
         self.backwards.append(record)
+        self._check_manual_update_fp16(record)
+        if not self.created_at and len(self.backwards) > 64:  # no optimizer ever closes the iteration
+            del self.backwards[:-2]
+            del self.losses[:-2]
         if record["scaled"]:
             self.scaled_pending = True
             self.unscaled_params.clear()
         if isinstance(tensor, torch.Tensor) and tensor.numel() == 1 and not record["scaled"]:
             self.losses.append(tensor.detach())
+
+    def _check_manual_update_fp16(self, record: dict) -> None:
+        """AMP103 for loops with no optimizer at all (word_language_model's `p.data.add_(p.grad)`):
+        no step ever closes an iteration, so the second unscaled float16 backward confirms it."""
+        if self.steps or self.created_at or record["scaled"] or not record["fp16"] or self.enabled_scalers():
+            return
+        if "AMP103" in self.manual_flagged or sum(b["fp16"] and not b["scaled"] for b in self.backwards) < 2:
+            return
+        self.manual_flagged.add("AMP103")
+        self.violation("AMP103", record["ev"], "backward() of a loss computed under float16 autocast, "
+                       "without GradScaler, in a loop that updates the weights without an optimizer: small "
+                       "gradients flush to zero in float16", manual_update=True)
 
     # -- GradScaler ------------------------------------------------------------------------
     def on_scaler_init(self, scaler) -> None:
@@ -366,7 +384,12 @@ class Recorder:
         if self.in_scheduler_init:
             return
         ev = self.event("scheduler.step", scheduler=type(scheduler).__name__)
-        if self.steps and self.last_step_via_scaler:
+        # AMP107 is about a per-iteration schedule; a per-epoch one (many steps between its calls)
+        # barely moves when one step of the epoch was skipped
+        since = self.steps - self.steps_at_scheduler.get(id(scheduler), 0)
+        self.steps_at_scheduler[id(scheduler)] = self.steps
+        per_iteration = since <= max(1, len(self.created_at))
+        if self.steps and self.last_step_via_scaler and per_iteration:
             self.scheduler_after_scaler_steps += 1
             if self.scheduler_where is None:
                 self.scheduler_where = {"path": ev["path"], "line": ev["line"]}
