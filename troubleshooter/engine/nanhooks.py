@@ -19,6 +19,29 @@ Choices that keep it robust in real training code:
   gradient of the value before it, as tensor hooks do;
 - activations that cannot create NaN/Inf (ReLU, GELU, Tanh, ...) are not reduced: their
   output shares their input's values, and backward blame passes through them.
+
+Which modules get no hooks at all (issue 11.8: on small many-module models the cost is Python
+per hook call, not arithmetic), and why no localisation that matters is lost:
+- parameter-free maps that cannot be the FIRST to make a non-finite value, forward or backward:
+  ReLU, ReLU6, Hardtanh (finite bounds), LeakyReLU (|slope| <= 1), ELU (0 <= alpha <= 1),
+  GELU, SiLU, Mish, Sigmoid, Tanh, Hardsigmoid, Hardswish, Identity, Flatten, Unflatten (exact
+  types: a subclass may override forward). Forward: |f(x)| <= |x| + 1, so finite in, finite
+  out in every dtype. Backward: grad * f'(x) with f' bounded; where f' can exceed 1 (GELU 1.13,
+  SiLU 1.1, Mish 1.09, Hardswish 1.5) a gradient within that factor of fp16's 65504 can
+  overflow there, and the blame lands on the module that consumed the activation, the one
+  that produced that near-overflow gradient. NOT skipped: Dropout (1/(1-p) can push a fp16
+  value past 65504; p == 0 is skipped), Softmax/LogSoftmax, pools (MaxPool's backward SUMS the
+  gradients of overlapping windows, a fp16 sum can overflow), anything with parameters.
+  Their output is recognised where it is next used, by its autograd node (`_PASSIVE_NODES`,
+  e.g. ReluBackward0 over the node of a tensor already reduced): it gets an alias slot of that
+  tensor's values instead of a reduction, and the consumer is found through the alias in
+  backward. A gradient fully masked by a ReLU (non-finite only where the input was <= 0) is no
+  longer seen: it never reaches a parameter, so it cannot hurt training;
+- `nn.Sequential` containers other than the model itself whose children are all hooked (or
+  are such containers): a Sequential runs no code of its own between its children, its input
+  is its first child's input and its output its last child's output, so its hooks only
+  re-find tensors already reduced. Modules with children that are not plain containers keep
+  their hooks: their forward() runs its own code (the "forward code" blame needs their call).
 """
 from __future__ import annotations
 
@@ -124,7 +147,7 @@ class _Step:
     """Everything recorded between two `collect()`s; values stay on the device until then."""
 
     __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias",
-                 "hooks_todo")
+                 "hooks_todo", "nodes", "passive", "producer", "masked")
 
     def __init__(self) -> None:
         self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
@@ -137,6 +160,10 @@ class _Step:
         self.pending = False  # anything recorded since the last collect
         self.alias: dict[int, int] = {}  # slot -> slot whose values it shares (transparent modules)
         self.hooks_todo: list[tuple[Any, int, "_Call", int]] = []  # (node, output_nr, call, slot) to hook
+        self.nodes: dict[int, tuple[Any, int, Any, int]] = {}  # id(grad_fn) -> (grad_fn, slot, weakref, _version)
+        self.passive: set[int] = set()  # alias slots made by unhooked passive modules (no call of their own)
+        self.producer: dict[int, "_Call"] = {}  # output slot -> the call that returned it
+        self.masked: set[int] = set()  # slots read by a masking passive op whose output gradient is hooked
 
 
 @dataclass
@@ -162,6 +189,9 @@ class HookSet:
     # False: output-gradient hooks registered at once, every one (the behaviour before issue 11.8;
     # bench/nan_overhead.py times both side by side)
     defer_grad_hooks = True
+    # False: every module hooked, no alias through autograd nodes (the behaviour before the
+    # passive-module rule of issue 11.8, timed side by side in bench/nan_overhead.py)
+    skip_passive_modules = True
 
     def __init__(self, model: nn.Module, forward: bool = True, backward: bool = True,
                  ignore: Sequence[str] = ()):
@@ -192,6 +222,8 @@ class HookSet:
         index_of: dict[int, int] = {}
         self._names, self._classes, self._param_names, self._param_owner = [], [], [], []
         self._transparent, self._passes_grads = set(), set()
+        unhooked = _unhooked_modules(self.model, self.ignore) if self.skip_passive_modules else set()
+        self._aliasing = self.skip_passive_modules
         for name, module in self.model.named_modules():
             if name and any(fnmatch.fnmatchcase(name, pat) for pat in self.ignore):
                 continue
@@ -203,6 +235,8 @@ class HookSet:
                 self._transparent.add(idx)
                 if type(module) in _PASSES_GRADS:
                     self._passes_grads.add(idx)
+            if id(module) in unhooked:
+                continue
             self._handles.append(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True))
             self._handles.append(module.register_forward_hook(partial(self._post, idx)))
         if self.backward:
@@ -237,9 +271,50 @@ class HookSet:
         version = t._version
         if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2], False
-        slot = self._reduce(step, t, measure=self.forward)
-        step.seen[key] = (weakref.ref(t), version, slot)
+        ref = weakref.ref(t)
+        node = t.grad_fn if self._aliasing else None
+        slot = self._passive_source(step, t, node) if node is not None else None
+        if slot is not None:  # made by a passive op (an unhooked ReLU...) from a reduced tensor
+            source, slot = slot, self._alias(step, slot, t.device)
+            step.passive.add(slot)
+            producer = step.producer.get(source)
+            if (producer is not None and type(node).__name__ in _MASKING_NODES and self.backward
+                    and t.requires_grad and torch.is_grad_enabled()):
+                # its backward zeroes gradients (ReLU where x <= 0): a non-finite gradient the
+                # consumer makes there would vanish before the producer's own hook; the old
+                # ReLU output hook, now on the node; the producer's output hook is then redundant
+                step.masked.add(source)
+                step.producer[slot] = producer
+                self._grad_hook(t, step, producer, slot)
+        else:
+            slot = self._reduce(step, t, measure=self.forward)
+        step.seen[key] = (ref, version, slot)
+        if node is not None:
+            step.nodes[id(node)] = (node, slot, ref, version)
         return slot, True
+
+    @staticmethod
+    def _passive_source(step: _Step, t: torch.Tensor, node: Any) -> int | None:
+        """The slot whose values `t` shares, when `t` was made by one passive autograd node
+        (see `_PASSIVE_NODES`) from a tensor reduced this step and not changed since (its
+        version; an in-place ReLU on that very tensor is the one change allowed)."""
+        check = _PASSIVE_NODES.get(type(node).__name__)
+        if check is None or not check(node):
+            return None
+        nexts = node.next_functions
+        if not nexts or nexts[0][0] is None:
+            return None
+        src = step.nodes.get(id(nexts[0][0]))
+        if src is None:
+            return None
+        _, slot, ref, version = src
+        base = ref()
+        # a freed source (the usual case: nothing but the ReLU used it) cannot have changed
+        # unseen, short of a no_grad in-place write through another view of its memory; a
+        # write under grad replaces its autograd node, so the chain above no longer matches
+        if base is None or base._version == version or (base is t and base._version == version + 1):
+            return slot
+        return None
 
     _lock = threading.Lock()  # CUDA backward runs hooks on one autograd thread per device
 
@@ -316,6 +391,8 @@ class HookSet:
                 continue
             slot, fresh = self._slot(step, t)
             outs.append(slot)
+            if fresh and self._aliasing:
+                step.producer[slot] = call
             if call.dtype is None:
                 call.dtype = t.dtype
             if fresh and grad_on and t.requires_grad:  # a tensor seen before already has its hook
@@ -323,8 +400,13 @@ class HookSet:
         call.outs = tuple(outs)
         call.order = len(step.calls)
         step.calls.append(call)
-        if idx == 0 and step.hooks_todo:
-            self._register_grad_hooks(step)
+        if idx == 0:
+            # the autograd nodes were only needed to recognise passive outputs in this forward;
+            # holding them through backward costs more than the hooks saved (measured: +0.35 ms
+            # per step on a 48-module MLP)
+            step.nodes.clear()
+            if step.hooks_todo:
+                self._register_grad_hooks(step)
         return None
 
     def _register_grad_hooks(self, step: _Step) -> None:
@@ -339,6 +421,8 @@ class HookSet:
             if consumers and all(c.module in self._transparent and c.module not in self._passes_grads
                                  for c in consumers):
                 continue
+            if not consumers and slot in step.masked:  # read only by an unhooked ReLU-like map,
+                continue  # whose output gradient is hooked (`_slot`)
             node.register_prehook(partial(self._node_grad, step, call, slot, nr))
 
     def _out_grad(self, step: _Step, call: _Call, slot: int, grad: torch.Tensor) -> None:
@@ -479,13 +563,28 @@ class HookSet:
             return {**info, **base}, False
         return None, False
 
+    @staticmethod
+    def _consumers(step: _Step, slot: int) -> list[_Call]:
+        """Calls that took `slot` as input, directly or through unhooked passive modules (whose
+        outputs are alias slots of their inputs): a ReLU between two Linears passes the blame."""
+        found = list(step.consumers.get(slot, []))
+        if step.passive:
+            todo = [slot]
+            while todo:
+                source = todo.pop()
+                for alias in step.passive:
+                    if step.alias.get(alias) == source:
+                        found.extend(step.consumers.get(alias, []))
+                        todo.append(alias)
+        return found
+
     def _backward_culprit(self, step: _Step, call: _Call, slot: int) -> tuple[_Call | None, str, list[_Call]]:
         """The call whose backward turned finite gradients into the non-finite one at `slot`.
 
         The gradient w.r.t. a module's output is made by whatever consumed that output: a
         later module (its backward), or code in the enclosing module's forward, or the loss.
         """
-        consumers = sorted(step.consumers.get(slot, []), key=lambda c: -c.order)
+        consumers = sorted(self._consumers(step, slot), key=lambda c: -c.order)
         consumers = [c for c in consumers if c.order >= 0]
         if consumers:
             culprit = consumers[0]
@@ -517,6 +616,83 @@ _TRANSPARENT_TYPES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, 
 # non-finite gradient stays non-finite through them: no gradient hook needed on their output.
 _PASSES_GRADS = (nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Mish, nn.Softsign, nn.Tanhshrink,
                  nn.Identity, nn.Flatten, nn.Unflatten)
+
+
+def _bounded_slope(node) -> bool:
+    return abs(float(node._saved_negative_slope)) <= 1
+
+
+def _finite_bounds(node) -> bool:
+    return not (math.isnan(float(node._saved_min_val)) or math.isnan(float(node._saved_max_val)))
+
+
+def _elu_ok(node) -> bool:
+    alpha, scale, in_scale = (float(node._saved_alpha), float(node._saved_scale),
+                              float(node._saved_input_scale))
+    return 0 <= alpha <= 1 and scale == 1 and in_scale == 1  # plain ELU; SELU's scale > 1
+
+
+def _always(node) -> bool:
+    return True
+
+
+# autograd nodes whose output cannot be the first non-finite value, forward or backward (see
+# the module docstring), with a check of their saved arguments where those matter; views and
+# copies keep every value. A tensor made by one of them from a tensor already reduced this step
+# shares that tensor's finiteness and is not reduced again.
+_PASSIVE_NODES = {
+    "ReluBackward0": _always, "GeluBackward0": _always, "SiluBackward0": _always,
+    "MishBackward0": _always, "TanhBackward0": _always, "SigmoidBackward0": _always,
+    "HardsigmoidBackward0": _always, "HardswishBackward0": _always,
+    "HardtanhBackward0": _finite_bounds, "LeakyReluBackward0": _bounded_slope, "EluBackward0": _elu_ok,
+    "ViewBackward0": _always, "UnsafeViewBackward0": _always, "CloneBackward0": _always,
+}
+
+
+# passive nodes whose backward zeroes part of the gradient (a mask, not a product)
+_MASKING_NODES = {"ReluBackward0", "HardtanhBackward0", "HardsigmoidBackward0", "HardswishBackward0",
+                  "LeakyReluBackward0"}
+
+
+def _is_passive(module: nn.Module) -> bool:
+    """Needs no hooks: cannot be the first to make a non-finite value, and its output is found
+    by its autograd node where it is next used (`_PASSIVE_NODES`)."""
+    kind = type(module)
+    if kind in (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardsigmoid,
+                nn.Hardswish, nn.Identity, nn.Flatten, nn.Unflatten):
+        return True
+    if kind is nn.LeakyReLU:
+        return math.isfinite(module.negative_slope) and abs(module.negative_slope) <= 1
+    if kind is nn.Hardtanh:
+        return math.isfinite(module.min_val) and math.isfinite(module.max_val)
+    if kind is nn.ELU:
+        return 0 <= module.alpha <= 1
+    if kind in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout):
+        return module.p == 0  # p > 0 rescales by 1/(1-p): a fp16 value near 65504 overflows
+    return False
+
+
+def _unhooked_modules(model: nn.Module, ignore: Sequence[str]) -> set[int]:
+    """ids of the modules that need no hooks (module docstring): passive maps, and Sequential
+    containers whose children are all hooked or such containers. The model itself is always
+    hooked; a container of an ignored module keeps its hooks."""
+    out: set[int] = set()
+
+    def visit(name: str, module: nn.Module) -> bool:  # True: what it hands on is seen by a hook
+        if any(fnmatch.fnmatchcase(name, pat) for pat in ignore):
+            return False
+        kids = list(module.named_children())
+        covered = [visit(f"{name}.{k}", m) for k, m in kids]  # all: passive grandchildren too
+        if not kids and _is_passive(module):
+            out.add(id(module))
+            return False
+        if type(module) is nn.Sequential and kids and all(covered):
+            out.add(id(module))
+        return True
+
+    for name, child in model.named_children():
+        visit(name, child)
+    return out
 
 
 def _is_transparent(module: nn.Module) -> bool:
