@@ -147,7 +147,7 @@ class _Step:
     """Everything recorded between two `collect()`s; values stay on the device until then."""
 
     __slots__ = ("vals", "calls", "stack", "seen", "consumers", "grads", "autocast", "pending", "alias",
-                 "hooks_todo", "nodes", "passive", "producer", "masked")
+                 "hooks_todo", "nodes", "passive", "producer", "masked", "hooked")
 
     def __init__(self) -> None:
         self.vals: list[torch.Tensor] = []  # 0-d device tensors: min, max of slot i at 2i, 2i+1
@@ -164,6 +164,7 @@ class _Step:
         self.passive: set[int] = set()  # alias slots made by unhooked passive modules (no call of their own)
         self.producer: dict[int, "_Call"] = {}  # output slot -> the call that returned it
         self.masked: set[int] = set()  # slots read by a masking passive op whose output gradient is hooked
+        self.hooked: set[int] = set()  # alias slots whose gradient hook `_slot` already set
 
 
 @dataclass
@@ -285,6 +286,7 @@ class HookSet:
                 # ReLU output hook, now on the node; the producer's output hook is then redundant
                 step.masked.add(source)
                 step.producer[slot] = producer
+                step.hooked.add(slot)
                 self._grad_hook(t, step, producer, slot)
         else:
             slot = self._reduce(step, t, measure=self.forward)
@@ -320,7 +322,7 @@ class HookSet:
 
     def _reduce(self, step: _Step, t: torch.Tensor, measure: bool = True) -> int:
         if measure:
-            d = t.detach()
+            d = t.detach() if t.requires_grad else t  # gradients in hooks need no detach
             if d.dtype not in _NATIVE:  # complex: magnitude; float8 and the like: widen first
                 d = d.abs() if d.is_complex() else d.float()
             lo, hi = torch.aminmax(d)
@@ -395,7 +397,7 @@ class HookSet:
                 step.producer[slot] = call
             if call.dtype is None:
                 call.dtype = t.dtype
-            if fresh and grad_on and t.requires_grad:  # a tensor seen before already has its hook
+            if fresh and grad_on and t.requires_grad and slot not in step.hooked:  # seen: hooked
                 self._grad_hook(t, step, call, slot)
         call.outs = tuple(outs)
         call.order = len(step.calls)
