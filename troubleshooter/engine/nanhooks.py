@@ -238,6 +238,9 @@ class HookSet:
                     self._passes_grads.add(idx)
             if id(module) in unhooked:
                 continue
+            if idx and self.skip_passive_modules and _keeps_inputs(module):
+                self._handles.append(module.register_forward_hook(partial(self._leaf_post, idx), with_kwargs=True))
+                continue
             self._handles.append(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True))
             self._handles.append(module.register_forward_hook(partial(self._post, idx)))
         if self.backward:
@@ -345,6 +348,11 @@ class HookSet:
         step = self._step
         if idx == 0 and step.autocast is None:
             step.autocast = _autocast_now(args)
+        step.stack.append(self._open_call(step, idx, args, kwargs))
+        return None
+
+    def _open_call(self, step: _Step, idx: int, args: tuple, kwargs: dict) -> _Call:
+        """A call record with its inputs reduced (or found) and their consumer noted."""
         stack = step.stack
         call = _Call(idx, (), stack[-1] if stack else None)
         ins: list[int] = []
@@ -358,7 +366,16 @@ class HookSet:
                 else:
                     consumers[slot] = [call]
         call.ins = tuple(ins)
-        stack.append(call)
+        return call
+
+    def _leaf_post(self, idx: int, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """The only hook of a built-in leaf module that never writes its inputs (Linear, Conv,
+        norms...): its inputs are read after the call, unchanged, so no pre-hook is needed, one
+        Python hook call less per module and step."""
+        if not (self.active and self._live):
+            return None
+        step = self._step
+        self._close_call(step, idx, self._open_call(step, idx, args, kwargs), output)
         return None
 
     def _post(self, idx: int, module: nn.Module, args: tuple, output: Any) -> None:
@@ -373,6 +390,10 @@ class HookSet:
             if i is None:
                 return None
             call = stack.pop(i)
+        self._close_call(step, idx, call, output)
+        return None
+
+    def _close_call(self, step: _Step, idx: int, call: _Call, output: Any) -> None:
         grad_on = self.backward and torch.is_grad_enabled()
         if idx in self._transparent and len(call.ins) == 1 and isinstance(output, torch.Tensor):
             # cannot make NaN/Inf from finite input: its output gets a slot that copies its
@@ -672,6 +693,14 @@ def _is_passive(module: nn.Module) -> bool:
     if kind in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout):
         return module.p == 0  # p > 0 rescales by 1/(1-p): a fp16 value near 65504 overflows
     return False
+
+
+def _keeps_inputs(module: nn.Module) -> bool:
+    """A leaf module of torch.nn itself, not in-place: its forward never writes its inputs, so
+    they can be read after the call (a user's module, or an `inplace=True` one, may)."""
+    kind = type(module)
+    return (kind.__module__.startswith("torch.nn.modules.") and not module._modules
+            and not getattr(module, "inplace", False) and kind.forward is not nn.Module.forward)
 
 
 def _unhooked_modules(model: nn.Module, ignore: Sequence[str]) -> set[int]:
