@@ -50,6 +50,14 @@ class MaskedSoftmax(nn.Module):
         return self.softmax(scores)
 
 
+class ScaleInPlace(nn.Module):
+    """Overflows its own input in place: its inputs must be read BEFORE the call (a user's
+    module keeps its pre-hook; only built-in leaves that never write inputs lose it)."""
+
+    def forward(self, x):
+        return x.mul_(1e38)
+
+
 def overflow_linear(n_in, n_out):
     lin = nn.Linear(n_in, n_out)
     with torch.no_grad():
@@ -57,13 +65,18 @@ def overflow_linear(n_in, n_out):
     return lin
 
 
-def negative_linear(n_in, n_out):
-    """Outputs -100 everywhere: a slope of 1e38 after it overflows to -inf."""
+def constant_linear(n_in, n_out, value):
+    """Outputs `value` everywhere (finite), whatever the input."""
     lin = nn.Linear(n_in, n_out)
     with torch.no_grad():
         lin.weight.zero_()
-        lin.bias.fill_(-100.0)
+        lin.bias.fill_(value)
     return lin
+
+
+def negative_linear(n_in, n_out):
+    """Outputs -100 everywhere: a slope of 1e38 after it overflows to -inf."""
+    return constant_linear(n_in, n_out, -100.0)
 
 
 def cases():
@@ -82,6 +95,8 @@ def cases():
          lambda: nn.Sequential(negative_linear(8, 8), nn.LeakyReLU(1e38), nn.Linear(8, 2))),
         ("leaky relu with a huge slope (code)", BigLeak),
         ("masked softmax", MaskedSoftmax),
+        ("in-place overflow in a user module",
+         lambda: nn.Sequential(constant_linear(8, 8, 100.0), ScaleInPlace(), nn.Linear(8, 2))),
     ]
 
 
@@ -144,6 +159,8 @@ def test_planted_faults_are_named_at_the_module_that_makes_them():
     ev = first(by_name["leaky relu with a huge slope (code)"])  # not mistaken for a passive map
     assert (ev["module"], ev["created"]) == ("out", False)
     assert "forward()" in ev["source"]
+    ev = first(by_name["in-place overflow in a user module"])  # inputs seen before the write
+    assert (ev["module"], ev["class"], ev["created"], ev["value"]) == ("1", "ScaleInPlace", True, "inf")
     ev = first(by_name["masked softmax"])  # the -inf came from code; Softmax turned it into NaN
     assert (ev["module"], ev["class"], ev["value"], ev["created"]) == ("softmax", "Softmax", "nan", False)
 
