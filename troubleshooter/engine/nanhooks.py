@@ -42,6 +42,9 @@ per hook call, not arithmetic), and why no localisation that matters is lost:
   is its first child's input and its output its last child's output, so its hooks only
   re-find tensors already reduced. Modules with children that are not plain containers keep
   their hooks: their forward() runs its own code (the "forward code" blame needs their call).
+Built-in torch.nn leaf modules that never write their inputs (`_keeps_inputs`) get one
+post-hook that reads the inputs after the call; a user's module or an `inplace=True` one
+keeps its pre-hook, since it may change its inputs before the post-hook could read them.
 """
 from __future__ import annotations
 
