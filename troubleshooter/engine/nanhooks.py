@@ -35,8 +35,9 @@ per hook call, not arithmetic), and why no localisation that matters is lost:
   Their output is recognised where it is next used, by its autograd node (`_PASSIVE_NODES`,
   e.g. ReluBackward0 over the node of a tensor already reduced): it gets an alias slot of that
   tensor's values instead of a reduction, and the consumer is found through the alias in
-  backward. A gradient fully masked by a ReLU (non-finite only where the input was <= 0) is no
-  longer seen: it never reaches a parameter, so it cannot hurt training;
+  backward. Where the map's backward masks gradients (ReLU where x <= 0) its output gradient
+  is still hooked, on its autograd node (`_MASKING_NODES`): a non-finite gradient the next
+  module makes where the ReLU was off would otherwise vanish before any other hook;
 - `nn.Sequential` containers other than the model itself whose children are all hooked (or
   are such containers): a Sequential runs no code of its own between its children, its input
   is its first child's input and its output its last child's output, so its hooks only
