@@ -24,7 +24,8 @@ from torch import nn
 
 from ..engine.nanhooks import HookSet, _tensors, number
 from .locate import is_user_file
-from .recorder import Recorder
+from .outside import OutsideOps
+from .recorder import Recorder, _autocast_now
 
 RECHECK_STEPS = 3  # plain mode: steps hooked after a non-finite or skipped one
 MAX_EVENTS = 50
@@ -93,6 +94,11 @@ class Numerics:
         self.skip_reruns = 0
         self.rerun_error: str | None = None
         self.last_rerun_step: int | None = None
+        self.outside = OutsideOps()  # the loss computed from the model's output, outside it
+        self._outside_watch: list = []
+        self.outside_event: dict | None = None
+        rec.before_backward = self._end_outside
+        rec.before_update = self._check_outside
         self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
         if not nan:
             rec.before_step = self.before_step
@@ -117,10 +123,47 @@ class Numerics:
                 self._keep_inputs(module, args, kwargs)
         return None
 
+    # -- both modes: the ops between the model's output and backward() --------------------------
+    def _watch_outside(self, model: nn.Module) -> None:
+        """Record the ops run on this model's output until backward(), its next call or the step."""
+        if self._outside_watch and self._outside_watch[0][1] is model:
+            return
+        for handle, _ in self._outside_watch:
+            handle.remove()
+        self._outside_watch = [(model.register_forward_pre_hook(self._pause_outside), model),
+                               (model.register_forward_hook(self._start_outside), model)]
+
+    def _pause_outside(self, module, args) -> None:
+        self.outside.disarm()
+
+    def _start_outside(self, module, args, output) -> None:
+        if not self.rec.muted and self.outside_event is None and torch.is_grad_enabled():
+            self.outside.arm(_autocast_now())
+
+    def _end_outside(self, rec: Recorder) -> None:
+        self.outside.disarm()
+
+    def _check_outside(self, rec: Recorder) -> None:
+        """Before the optimizer writes: if the step's loss is not finite, which recorded op made it."""
+        self.outside.disarm()
+        if self.outside_event is None and self.outside.records:
+            loss = rec.peek_loss()
+            if loss is not None and not math.isfinite(loss):
+                try:
+                    found = self.outside.scan(rec.steps)
+                except Exception as exc:  # noqa: BLE001 - best effort; the module hooks' finding remains
+                    found, self.rerun_error = None, f"{type(exc).__name__}: {exc}"[:300]
+                if found is not None:
+                    found["loss"] = "nan" if loss != loss else ("inf" if loss > 0 else "-inf")
+                    found["precision"] = _precision(found["autocast"], found["dtype"])
+                    self.outside_event = found
+        self.outside.clear()
+
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------
     def _start_watch(self, model: nn.Module) -> None:
         self._stop_watch()
         self.model = model
+        self._watch_outside(model)
         self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
                        model.register_forward_hook(self._keep_output_grads)]
 
@@ -259,6 +302,7 @@ class Numerics:
 
     def _attach(self, model: nn.Module) -> None:
         self.model = model
+        self._watch_outside(model)
         self.hooks = HookSet(model).attach()
 
     def _detach(self) -> None:
@@ -375,6 +419,10 @@ class Numerics:
 
     def close(self) -> None:
         """Remove every hook this object added."""
+        self.outside.disarm()
+        for handle, _ in self._outside_watch:
+            handle.remove()
+        self._outside_watch = []
         self._remove_discovery()
         self._stop_watch()
         self._detach()
@@ -384,7 +432,8 @@ class Numerics:
         out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
-               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10]}
+               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
+               "outside": self.outside_event}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out

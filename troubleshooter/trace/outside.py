@@ -1,0 +1,195 @@
+"""The ops a script runs on the model's output outside the model (its loss function, often in a
+helper file), watched so a non-finite loss is pinned to the line that made it.
+
+Module hooks see only what modules return; `-torch.log(p)` or `x / mask.sum()` in `losses.py`
+runs after the model's forward has returned. A `TorchFunctionMode` is pushed while the watched
+model's output is being turned into a loss: from the moment its forward returns until the
+step's `backward()`, its next call or the optimizer step. Per op with a floating output it keeps,
+on the device and without a host sync, whether each floating input and output is finite, plus
+the op's name and the innermost user frame (`locate.user_frame`). Nothing is read back unless
+the step's loss turns out non-finite; then one transfer gives the first op whose inputs were all
+finite and whose output is not: the op that made it. For a float16 output that op is re-run in
+float32 on its kept inputs: finite there means a float16 overflow (AMP202), not a bug of the code.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .locate import is_user_file
+
+MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
+MAX_KEPT_INPUT_ELEMENTS = 16 * 2**20  # inputs of float16 ops kept for the float32 re-run
+_SKIP_FILES = ("torch/amp/", "torch/cuda/amp/", "torch/_tensor_str.py", "troubleshooter/")
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__",
+                    "__imod__", "__idiv__", "__setitem__"}
+
+
+def _floating(obj, depth: int = 0):
+    """Dense floating tensors among an op's arguments or results (one level of lists/tuples)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.layout == torch.strided and not obj.is_meta and obj.numel():
+            yield obj
+    elif depth < 2 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _floating(item, depth + 1)
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One 0-d bool on the device: every element of every tensor is finite (no host sync)."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors]
+    if not flags:
+        return None
+    if len(flags) == 1:
+        return flags[0]
+    device = flags[0].device
+    return torch.stack([f.to(device) for f in flags]).all()
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    qual = getattr(func, "__qualname__", "") or ""
+    if qual.startswith("TensorBase.") or qual.startswith("Tensor."):
+        return "Tensor." + name
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch.nn.functional"):
+        return "F." + name
+    return f"torch.{name}" if module.startswith("torch") else name
+
+
+class OutsideOps(TorchFunctionMode):
+    """Records the ops run on the model's output outside it; `scan()` names the op that made a
+    non-finite value. Armed and disarmed by `numerics.Numerics` around the watched model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.records: list[dict] = []
+        self.dropped = 0
+        self.kept_elements = 0
+        self.found: dict | None = None
+        self.scanned_steps = 0
+        self.autocast: str | None = None  # the autocast dtype when the window opened
+
+    # -- arming --------------------------------------------------------------------------
+    def disarm(self) -> None:
+        """Pop the mode if it is on top; under a mode the script pushed since, only stop recording
+        (popping would take the script's mode away) and pop it at a later disarm."""
+        self.armed = False
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is self:
+            self.__exit__(None, None, None)
+
+    def arm(self, autocast: str | None = None) -> None:
+        self.autocast = autocast
+        n = torch._C._len_torch_function_stack()
+        if not (n and torch._C._get_function_stack_at(n - 1) is self):
+            self.__enter__()
+        self.armed = True
+
+    def clear(self) -> None:
+        self.records = []
+        self.dropped = 0
+        self.kept_elements = 0
+
+    # -- recording -----------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.armed or getattr(func, "__name__", "") == "__get__":
+            return func(*args, **kwargs)
+        caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
+        if any(s in caller for s in _SKIP_FILES) or len(self.records) >= MAX_OPS:
+            if len(self.records) >= MAX_OPS:
+                self.dropped += 1
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        inputs = list(_floating(args)) + list(_floating(list(kwargs.values())))
+        inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
+        in_flag = _all_finite(inputs) if inputs else None  # before the call: an in-place op overwrites them
+        out = func(*args, **kwargs)
+        outputs = list(_floating(out))
+        if not outputs:
+            return out
+        record = {"op": _op_name(func), "in_finite": in_flag, "out_finite": _all_finite(outputs),
+                  "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(2),
+                  "inplace": inplace, "autocast": self.autocast}
+        if outputs[0].dtype == torch.float16 and not inplace:
+            size = sum(t.numel() for t in inputs)
+            if self.kept_elements + size <= MAX_KEPT_INPUT_ELEMENTS:
+                self.kept_elements += size
+                record["call"] = (func, args, kwargs, [(t, t._version) for t in inputs])
+        self.records.append(record)
+        return out
+
+    # -- reading -------------------------------------------------------------------------
+    def scan(self, step: int) -> dict | None:
+        """The first recorded op whose inputs were finite and whose output is not; one host
+        transfer. None when every recorded output is finite or a non-finite value came in from
+        outside (the model's output: the module hooks' business; or the batch)."""
+        self.scanned_steps += 1
+        records = [r for r in self.records if r["out_finite"] is not None]
+        if not records:
+            return None
+        flags = []
+        for r in records:
+            flags.append(r["out_finite"].to("cpu", non_blocking=True))
+            flags.append(r["in_finite"].to("cpu", non_blocking=True) if r["in_finite"] is not None
+                         else torch.ones((), dtype=torch.bool))
+        if records[0]["out_finite"].device.type == "cuda":
+            torch.cuda.synchronize()
+        values = [bool(f) for f in flags]
+        for i, r in enumerate(records):
+            out_ok, in_ok = values[2 * i], values[2 * i + 1]
+            if out_ok:
+                continue
+            if not in_ok:
+                return None  # it came in non-finite: not made outside the model
+            path, line, function = r["where"]
+            found = {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
+                     "dtype": r["dtype"], "inplace": r["inplace"], "ops_recorded": len(self.records),
+                     "index": i, "autocast": r["autocast"]}
+            found["reference"] = _float32_rerun(r.get("call"))
+            return found
+        return None
+
+
+def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
+    frame = sys._getframe(depth)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None, None, None
+
+
+def _float32_rerun(call) -> dict | None:
+    """The float16 op re-run on its inputs cast to float32 (autocast off): its output finite
+    there means float16's range was the problem. None when the inputs changed since."""
+    if call is None:
+        return None
+    func, args, kwargs, kept = call
+    if any(t._version != v for t, v in kept):
+        return None
+
+    def up(x, depth=0):
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+            return x.detach().float()
+        if depth < 2 and isinstance(x, (list, tuple)):
+            return type(x)(up(i, depth + 1) for i in x)
+        return x
+
+    device = kept[0][0].device.type if kept else "cpu"
+    try:
+        with torch.no_grad(), torch.autocast(device, enabled=False):
+            out = func(*up(args), **{k: up(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - an op that needs float16 inputs: no reference
+        return None
+    outs = list(_floating(out))
+    if not outs:
+        return None
+    finite = all(bool(torch.isfinite(t).all()) for t in outs)
+    max_abs = max(float(t.abs().max()) for t in outs)
+    return {"precision": "fp32", "finite": finite, "max_abs": max_abs}
