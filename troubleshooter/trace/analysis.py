@@ -176,6 +176,8 @@ def outside_finding(op: dict) -> Finding:
     p = op.get("precision") or "fp32"
     name = op.get("op") or "an op"
     fn = f" in {op['function']}()" if op.get("function") and op["function"] != "<module>" else ""
+    if op.get("phase") == "backward":
+        return _outside_backward_finding(op)
     data = {"seen": SEEN, "step": op["step"], "phase": "forward", "where": "loss", "made_outside_model": True,
             "op": name, "function": op.get("function"), "output_dtype": op.get("dtype"), "loss_kind": op.get("loss"),
             "loss_finite": False, "localised_by": "the ops run on the model's output outside it (from its "
@@ -201,6 +203,24 @@ def outside_finding(op: dict) -> Finding:
         "Guard the operation at this line: clamp the input of log/sqrt/pow (torch.log(p.clamp_min(eps)), or a "
         "fused stable form such as F.binary_cross_entropy_with_logits / F.log_softmax), and keep a division's "
         "denominator away from zero (x / n.clamp_min(1)).", location, p, data)
+
+
+def _outside_backward_finding(op: dict) -> Finding:
+    """AMP206: an op outside the model received a finite gradient and produced a non-finite one."""
+    p = op.get("precision") or "fp32"
+    name = op.get("op") or "an op"
+    fn = f" in {op['function']}()" if op.get("function") and op["function"] != "<module>" else ""
+    data = {"seen": SEEN, "step": op["step"], "phase": "backward", "where": "loss", "made_outside_model": True,
+            "op": name, "function": op.get("function"), "output_dtype": op.get("dtype"), "loss": op.get("loss"),
+            "localised_by": "gradient hooks on the ops run on the model's output outside it"}
+    return Finding(
+        "AMP206", "nonfinite-in-backward", Severity.ERROR,
+        f"the backward of {name}{fn}, outside the model in the loss computation ({p}), turns a finite gradient "
+        f"into a non-finite one while the loss itself is finite (step {op['step']}): its derivative is infinite "
+        "at the values it got (sqrt or pow(x, <1) at 0, log at 0, division by ~0)",
+        "Keep the op off its singular point: torch.sqrt(x + eps) or x.clamp_min(eps).sqrt(), pow on clamped "
+        "inputs, or a formulation whose gradient is finite (squared distance, torch.cdist with eps).",
+        Location(path=op.get("path"), line=op.get("line"), module=None), p, data)
 
 
 def _backward_of_step(timeline: list[dict], step: int) -> dict | None:

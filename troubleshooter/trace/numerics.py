@@ -146,6 +146,7 @@ class Numerics:
     def _check_outside(self, rec: Recorder) -> None:
         """Before the optimizer writes: if the step's loss is not finite, which recorded op made it."""
         self.outside.disarm()
+        found = None
         if self.outside_event is None and self.outside.records:
             loss = rec.peek_loss()
             if loss is not None and not math.isfinite(loss):
@@ -155,8 +156,17 @@ class Numerics:
                     found, self.rerun_error = None, f"{type(exc).__name__}: {exc}"[:300]
                 if found is not None:
                     found["loss"] = "nan" if loss != loss else ("inf" if loss > 0 else "-inf")
-                    found["precision"] = _precision(found["autocast"], found["dtype"])
-                    self.outside_event = found
+            elif loss is not None and self.outside.backward and not any(b["scaled"] for b in rec.backwards):
+                # a scaled backward may overflow float16 on purpose: GradScaler's calibration, not a bug
+                try:
+                    found = self.outside.scan_backward(rec.steps)
+                except Exception as exc:  # noqa: BLE001 - best effort
+                    found, self.rerun_error = None, f"{type(exc).__name__}: {exc}"[:300]
+                if found is not None:
+                    found["loss"] = loss
+            if found is not None:
+                found["precision"] = _precision(found["autocast"], found["dtype"])
+                self.outside_event = found
         self.outside.clear()
 
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------

@@ -14,6 +14,7 @@ float32 on its kept inputs: finite there means a float16 overflow (AMP202), not 
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -67,6 +68,7 @@ class OutsideOps(TorchFunctionMode):
         super().__init__()
         self.armed = False
         self.records: list[dict] = []
+        self.backward: list[tuple] = []  # (record index, received finite, produced finite) in backward order
         self.dropped = 0
         self.kept_elements = 0
         self.found: dict | None = None
@@ -91,6 +93,7 @@ class OutsideOps(TorchFunctionMode):
 
     def clear(self) -> None:
         self.records = []
+        self.backward = []
         self.dropped = 0
         self.kept_elements = 0
 
@@ -120,8 +123,21 @@ class OutsideOps(TorchFunctionMode):
             if self.kept_elements + size <= MAX_KEPT_INPUT_ELEMENTS:
                 self.kept_elements += size
                 record["call"] = (func, args, kwargs, [(t, t._version) for t in inputs])
+        grad_fn = outputs[0].grad_fn
+        if grad_fn is not None and not inplace:
+            try:
+                grad_fn.register_hook(partial(self._node_grad, len(self.records)))
+            except RuntimeError:  # noqa: PERF203 - a node that takes no hooks
+                pass
         self.records.append(record)
         return out
+
+    def _node_grad(self, index: int, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """Backward of a recorded op: did it receive a finite gradient and produce a non-finite one?"""
+        received = [g for g in grad_outputs if g is not None and g.is_floating_point()]
+        produced = [g for g in grad_inputs if g is not None and g.is_floating_point()]
+        if produced and len(self.backward) < MAX_OPS:
+            self.backward.append((index, _all_finite(received) if received else None, _all_finite(produced)))
 
     # -- reading -------------------------------------------------------------------------
     def scan(self, step: int) -> dict | None:
@@ -149,9 +165,36 @@ class OutsideOps(TorchFunctionMode):
             path, line, function = r["where"]
             found = {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
                      "dtype": r["dtype"], "inplace": r["inplace"], "ops_recorded": len(self.records),
-                     "index": i, "autocast": r["autocast"]}
+                     "index": i, "autocast": r["autocast"], "phase": "forward"}
             found["reference"] = _float32_rerun(r.get("call"))
             return found
+        return None
+
+
+    def scan_backward(self, step: int) -> dict | None:
+        """The first recorded op, in backward order, that received a finite gradient and produced
+        a non-finite one (`sqrt` at 0: finite forward, infinite derivative); one host transfer."""
+        if not self.backward:
+            return None
+        flags = []
+        for _, received, produced in self.backward:
+            flags.append(produced.to("cpu", non_blocking=True))
+            flags.append(received.to("cpu", non_blocking=True) if received is not None
+                         else torch.ones((), dtype=torch.bool))
+        if self.backward[0][2].device.type == "cuda":
+            torch.cuda.synchronize()
+        values = [bool(f) for f in flags]
+        for i, (index, _, _) in enumerate(self.backward):
+            produced_ok, received_ok = values[2 * i], values[2 * i + 1]
+            if produced_ok:
+                continue
+            if not received_ok:
+                return None  # the gradient came in non-finite: made further down the graph
+            r = self.records[index]
+            path, line, function = r["where"]
+            return {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
+                    "dtype": r["dtype"], "inplace": False, "ops_recorded": len(self.records), "index": index,
+                    "autocast": r["autocast"], "phase": "backward", "reference": None}
         return None
 
 
