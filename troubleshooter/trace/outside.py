@@ -13,6 +13,7 @@ float32 on its kept inputs: finite there means a float16 overflow (AMP202), not 
 """
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -23,9 +24,23 @@ from .locate import is_user_file
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
 MAX_KEPT_INPUT_ELEMENTS = 16 * 2**20  # inputs of float16 ops kept for the float32 re-run
-_SKIP_FILES = ("torch/amp/", "torch/cuda/amp/", "torch/_tensor_str.py", "troubleshooter/")
+_TORCH = os.path.dirname(os.path.realpath(torch.__file__))
+# callers whose ops are not the script's loss: GradScaler's scale() (its overflow is calibration),
+# tensor printing, and this package's own bookkeeping
+_SKIP_PREFIXES = tuple(os.path.join(_TORCH, d) for d in ("amp", os.path.join("cuda", "amp"), "_tensor_str.py")) + (
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,)
 _INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__",
                     "__imod__", "__idiv__", "__setitem__"}
+
+
+_skip_cache: dict[str, bool] = {}
+
+
+def _skipped_caller(filename: str) -> bool:
+    hit = _skip_cache.get(filename)
+    if hit is None:
+        hit = _skip_cache[filename] = os.path.realpath(filename).startswith(_SKIP_PREFIXES)
+    return hit
 
 
 def _floating(obj, depth: int = 0):
@@ -102,21 +117,30 @@ class OutsideOps(TorchFunctionMode):
         kwargs = kwargs or {}
         if not self.armed or getattr(func, "__name__", "") == "__get__":
             return func(*args, **kwargs)
-        caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
-        if any(s in caller for s in _SKIP_FILES) or len(self.records) >= MAX_OPS:
+        if _skipped_caller(sys._getframe(1).f_code.co_filename) or len(self.records) >= MAX_OPS:
             if len(self.records) >= MAX_OPS:
                 self.dropped += 1
             return func(*args, **kwargs)
-        name = getattr(func, "__name__", "")
-        inputs = list(_floating(args)) + list(_floating(list(kwargs.values())))
-        inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
-        in_flag = _all_finite(inputs) if inputs else None  # before the call: an in-place op overwrites them
+        try:
+            name = getattr(func, "__name__", "")
+            inputs = list(_floating(args)) + list(_floating(list(kwargs.values())))
+            inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
+            in_flag = _all_finite(inputs) if inputs else None  # before the call: an in-place op overwrites them
+        except Exception:  # noqa: BLE001 - an odd tensor (nested, subclass): watch nothing, change nothing
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        try:
+            self._record(func, args, kwargs, inputs, in_flag, inplace, out)
+        except Exception:  # noqa: BLE001 - the script's result stands whatever our bookkeeping meets
+            self.dropped += 1
+        return out
+
+    def _record(self, func, args, kwargs, inputs, in_flag, inplace, out) -> None:
         outputs = list(_floating(out))
         if not outputs:
-            return out
+            return
         record = {"op": _op_name(func), "in_finite": in_flag, "out_finite": _all_finite(outputs),
-                  "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(2),
+                  "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(3),
                   "inplace": inplace, "autocast": self.autocast}
         if outputs[0].dtype == torch.float16 and not inplace:
             size = sum(t.numel() for t in inputs)
@@ -127,10 +151,9 @@ class OutsideOps(TorchFunctionMode):
         if grad_fn is not None and not inplace:
             try:
                 grad_fn.register_hook(partial(self._node_grad, len(self.records)))
-            except RuntimeError:  # noqa: PERF203 - a node that takes no hooks
+            except RuntimeError:  # a node that takes no hooks
                 pass
         self.records.append(record)
-        return out
 
     def _node_grad(self, index: int, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Backward of a recorded op: did it receive a finite gradient and produce a non-finite one?"""
@@ -214,7 +237,10 @@ def _float32_rerun(call) -> dict | None:
     if call is None:
         return None
     func, args, kwargs, kept = call
-    if any(t._version != v for t, v in kept):
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+    except RuntimeError:  # inference tensors keep no version counter
         return None
 
     def up(x, depth=0):
