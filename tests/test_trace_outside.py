@@ -48,6 +48,20 @@ def test_a_value_that_came_in_non_finite_is_not_blamed_on_the_loss_code():
     assert ops.scan(0) is None
 
 
+def test_an_intended_minus_inf_mask_is_not_blamed_for_a_later_nan():
+    ops = OutsideOps()
+    logits = torch.randn(4, 4)
+    count = torch.zeros(())
+    ops.arm()
+    masked = logits.masked_fill(torch.eye(4, dtype=torch.bool), float("-inf"))
+    scaled = masked * 2.0  # -inf flows on: not a finding either
+    per_row = torch.logsumexp(scaled, dim=1)
+    loss = per_row.sum() / count  # zero-count-line
+    ops.disarm()
+    found = ops.scan(0)
+    assert found["op"] == "Tensor.div" and found["line"] == _line_of("zero-count-line")
+
+
 def test_an_in_place_op_is_blamed_not_the_op_that_made_its_tensor():
     ops = OutsideOps()
     x = torch.zeros(3)

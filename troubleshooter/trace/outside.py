@@ -53,6 +53,15 @@ def _floating(obj, depth: int = 0):
             yield from _floating(item, depth + 1)
 
 
+def _nonfinite_scalar(obj, depth: int = 0) -> bool:
+    """A non-finite Python number among the arguments: the script asks for inf/NaN on purpose."""
+    if isinstance(obj, float):
+        return obj != obj or obj in (float("inf"), float("-inf"))
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        return any(_nonfinite_scalar(x, depth + 1) for x in obj)
+    return False
+
+
 def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """One 0-d bool on the device: every element of every tensor is finite (no host sync)."""
     flags = [torch.isfinite(t.detach()).all() for t in tensors]
@@ -140,6 +149,7 @@ class OutsideOps(TorchFunctionMode):
         if not outputs:
             return
         record = {"op": _op_name(func), "in_finite": in_flag, "out_finite": _all_finite(outputs),
+                  "intended": _nonfinite_scalar(args) or _nonfinite_scalar(list(kwargs.values())),
                   "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(3),
                   "inplace": inplace, "autocast": self.autocast}
         if outputs[0].dtype == torch.float16 and not inplace:
@@ -179,11 +189,17 @@ class OutsideOps(TorchFunctionMode):
         if records[0]["out_finite"].device.type == "cuda":
             torch.cuda.synchronize()
         values = [bool(f) for f in flags]
+        intended = False
         for i, r in enumerate(records):
             out_ok, in_ok = values[2 * i], values[2 * i + 1]
             if out_ok:
                 continue
+            if r["intended"]:  # masked_fill(mask, -inf), torch.full(..., -inf): written on purpose
+                intended = True
+                continue
             if not in_ok:
+                if intended:
+                    continue  # the intended -inf flowing on (a masked logit times a temperature)
                 return None  # it came in non-finite: not made outside the model
             path, line, function = r["where"]
             found = {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
