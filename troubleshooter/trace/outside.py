@@ -241,8 +241,8 @@ def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
     frame = sys._getframe(depth)
     while frame is not None:
         code = frame.f_code
-        if is_user_file(code.co_filename):
-            return code.co_filename, frame.f_lineno, code.co_name
+        if is_user_file(code.co_filename):  # co_qualname: "FocalLoss.forward", not "forward"
+            return code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back
     return None, None, None
 
