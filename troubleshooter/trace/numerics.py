@@ -143,30 +143,43 @@ class Numerics:
     def _end_outside(self, rec: Recorder) -> None:
         self.outside.disarm()
 
-    def _check_outside(self, rec: Recorder) -> None:
-        """Before the optimizer writes: if the step's loss is not finite, which recorded op made it."""
+    def _check_outside(self, rec: Recorder, optimizer=None) -> None:
+        """Before the optimizer writes: if the step's loss is not finite, which recorded op made it
+        (with --nan also: finite loss, non-finite gradients, which op's derivative made them)."""
         self.outside.disarm()
-        found = None
-        if self.outside_event is None and self.outside.records:
-            loss = rec.peek_loss()
-            if loss is not None and not math.isfinite(loss):
-                try:
-                    found = self.outside.scan(rec.steps)
-                except Exception as exc:  # noqa: BLE001 - best effort; the module hooks' finding remains
-                    found, self.rerun_error = None, f"{type(exc).__name__}: {exc}"[:300]
-                if found is not None:
-                    found["loss"] = "nan" if loss != loss else ("inf" if loss > 0 else "-inf")
-            elif loss is not None and self.outside.backward and not any(b["scaled"] for b in rec.backwards):
-                # a scaled backward may overflow float16 on purpose: GradScaler's calibration, not a bug
-                try:
-                    found = self.outside.scan_backward(rec.steps)
-                except Exception as exc:  # noqa: BLE001 - best effort
-                    found, self.rerun_error = None, f"{type(exc).__name__}: {exc}"[:300]
-                if found is not None:
-                    found["loss"] = loss
+        if self.outside_event is not None or not self.outside.records:
+            return
+        loss = rec.peek_loss()
+        if loss is None:
+            return
+        if not math.isfinite(loss):
+            found = self._outside_scan(self.outside.scan, rec.steps)
             if found is not None:
-                found["precision"] = _precision(found["autocast"], found["dtype"])
-                self.outside_event = found
+                found["loss"] = "nan" if loss != loss else ("inf" if loss > 0 else "-inf")
+                self._keep_outside(found)
+        elif self.nan and optimizer is not None and _grads_nonfinite(optimizer):
+            self.outside_backward(rec, loss)
+
+    def outside_backward(self, rec: Recorder, loss: float) -> None:
+        """Finite loss, non-finite gradients, no GradScaler scaling them (its calibration overflows
+        on purpose): the loss op whose derivative is not finite at the values it got."""
+        if self.outside_event is not None or not self.outside.records or any(b["scaled"] for b in rec.backwards):
+            return
+        found = self._outside_scan(self.outside.scan_backward, rec.steps)
+        if found is not None:
+            found["loss"] = loss
+            self._keep_outside(found)
+
+    def _outside_scan(self, scan, step: int) -> dict | None:
+        try:
+            return scan(step)
+        except Exception as exc:  # noqa: BLE001 - best effort; the module hooks' finding remains
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            return None
+
+    def _keep_outside(self, found: dict) -> None:
+        found["precision"] = _precision(found["autocast"], found["dtype"])
+        self.outside_event = found
         self.outside.clear()
 
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------
@@ -212,11 +225,9 @@ class Numerics:
         loss = rec.peek_loss()
         bad = loss is not None and not math.isfinite(loss)
         if not bad:
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
-                     if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
-            if grads:
-                norms = torch._foreach_norm(grads)
-                bad = not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+            bad = _grads_nonfinite(optimizer)
+        if bad and loss is not None and math.isfinite(loss):
+            self.outside_backward(rec, loss)
         if bad:
             self.reruns += 1
             try:
@@ -340,6 +351,7 @@ class Numerics:
 
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
+        self.outside.clear()  # the step is done: let its loss tensors go
         if not self.nan and step["step"] == 0 and rec.optimizers:
             self._check_watched_model()
         if self.headroom:
@@ -482,6 +494,15 @@ def _nonfinite_step(step: dict) -> bool:
     loss = step.get("loss")
     return bool(step.get("skipped")) or isinstance(loss, str) or (
         isinstance(loss, float) and not math.isfinite(loss))
+
+
+def _grads_nonfinite(optimizer) -> bool:
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+             if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
+    if not grads:
+        return False
+    norms = torch._foreach_norm(grads)
+    return not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
 
 
 def _nonfinite_params(model: nn.Module) -> list[str]:

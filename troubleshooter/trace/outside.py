@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import partial
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -23,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from .locate import is_user_file
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
-MAX_KEPT_INPUT_ELEMENTS = 16 * 2**20  # inputs of float16 ops kept for the float32 re-run
+MAX_KEPT_ELEMENTS = 64 * 2**20  # per step: tensors kept alive until the optimizer step
 _TORCH = os.path.dirname(os.path.realpath(torch.__file__))
 # callers whose ops are not the script's loss: GradScaler's scale() (its overflow is calibration),
 # tensor printing, and this package's own bookkeeping
@@ -92,10 +91,8 @@ class OutsideOps(TorchFunctionMode):
         super().__init__()
         self.armed = False
         self.records: list[dict] = []
-        self.backward: list[tuple] = []  # (record index, received finite, produced finite) in backward order
         self.dropped = 0
         self.kept_elements = 0
-        self.found: dict | None = None
         self.scanned_steps = 0
         self.autocast: str | None = None  # the autocast dtype when the window opened
 
@@ -117,11 +114,10 @@ class OutsideOps(TorchFunctionMode):
 
     def clear(self) -> None:
         self.records = []
-        self.backward = []
         self.dropped = 0
         self.kept_elements = 0
 
-    # -- recording -----------------------------------------------------------------------
+    # -- recording: references and version counters only, no kernel, no sync --------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.armed or getattr(func, "__name__", "") == "__get__":
@@ -134,7 +130,8 @@ class OutsideOps(TorchFunctionMode):
             name = getattr(func, "__name__", "")
             inputs = list(_floating(args)) + list(_floating(list(kwargs.values())))
             inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
-            in_flag = _all_finite(inputs) if inputs else None  # before the call: an in-place op overwrites them
+            # an in-place op overwrites its input: judge that one now (rare in loss code)
+            in_flag = _all_finite(inputs) if inplace and inputs else None
         except Exception:  # noqa: BLE001 - an odd tensor (nested, subclass): watch nothing, change nothing
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
@@ -148,93 +145,105 @@ class OutsideOps(TorchFunctionMode):
         outputs = list(_floating(out))
         if not outputs:
             return
-        record = {"op": _op_name(func), "in_finite": in_flag, "out_finite": _all_finite(outputs),
-                  "intended": _nonfinite_scalar(args) or _nonfinite_scalar(list(kwargs.values())),
-                  "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(3),
-                  "inplace": inplace, "autocast": self.autocast}
-        if outputs[0].dtype == torch.float16 and not inplace:
-            size = sum(t.numel() for t in inputs)
-            if self.kept_elements + size <= MAX_KEPT_INPUT_ELEMENTS:
-                self.kept_elements += size
-                record["call"] = (func, args, kwargs, [(t, t._version) for t in inputs])
-        grad_fn = outputs[0].grad_fn
-        if grad_fn is not None and not inplace:
-            try:
-                grad_fn.register_hook(partial(self._node_grad, len(self.records)))
-            except RuntimeError:  # a node that takes no hooks
-                pass
-        self.records.append(record)
+        size = sum(t.numel() for t in outputs) + (0 if inplace else sum(t.numel() for t in inputs))
+        if self.kept_elements + size > MAX_KEPT_ELEMENTS:
+            self.dropped += 1
+            return
+        self.kept_elements += size
+        self.records.append({
+            "op": _op_name(func), "func": func, "args": args, "kwargs": kwargs,
+            "inputs": [] if inplace else [(t, t._version) for t in inputs],
+            "outputs": [(t, t._version) for t in outputs], "in_finite": in_flag,
+            "intended": _nonfinite_scalar(args) or _nonfinite_scalar(list(kwargs.values())),
+            "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(3),
+            "inplace": inplace, "autocast": self.autocast})
 
-    def _node_grad(self, index: int, grad_inputs: tuple, grad_outputs: tuple) -> None:
-        """Backward of a recorded op: did it receive a finite gradient and produce a non-finite one?"""
-        received = [g for g in grad_outputs if g is not None and g.is_floating_point()]
-        produced = [g for g in grad_inputs if g is not None and g.is_floating_point()]
-        if produced and len(self.backward) < MAX_OPS:
-            self.backward.append((index, _all_finite(received) if received else None, _all_finite(produced)))
-
-    # -- reading -------------------------------------------------------------------------
+    # -- reading (only on a step that went non-finite) ------------------------------------
     def scan(self, step: int) -> dict | None:
-        """The first recorded op whose inputs were finite and whose output is not; one host
-        transfer. None when every recorded output is finite or a non-finite value came in from
-        outside (the model's output: the module hooks' business; or the batch)."""
+        """The first recorded op whose inputs were finite and whose output is not. None when every
+        recorded output is finite or a non-finite value came in from outside (the model's output:
+        the module hooks' business; or the batch). Tensors changed in place since are skipped."""
         self.scanned_steps += 1
-        records = [r for r in self.records if r["out_finite"] is not None]
-        if not records:
-            return None
-        flags = []
-        for r in records:
-            flags.append(r["out_finite"].to("cpu", non_blocking=True))
-            flags.append(r["in_finite"].to("cpu", non_blocking=True) if r["in_finite"] is not None
-                         else torch.ones((), dtype=torch.bool))
-        if records[0]["out_finite"].device.type == "cuda":
-            torch.cuda.synchronize()
-        values = [bool(f) for f in flags]
         intended = False
-        for i, r in enumerate(records):
-            out_ok, in_ok = values[2 * i], values[2 * i + 1]
-            if out_ok:
-                continue
+        for i, r in enumerate(self.records):
+            out_ok = _finite_now(r["outputs"])
+            if out_ok is not False:
+                continue  # finite, or changed since (unknown)
             if r["intended"]:  # masked_fill(mask, -inf), torch.full(..., -inf): written on purpose
                 intended = True
                 continue
+            in_ok = bool(r["in_finite"]) if r["inplace"] else _finite_now(r["inputs"])
+            if in_ok is None:
+                continue  # an input changed since: cannot tell
             if not in_ok:
                 if intended:
                     continue  # the intended -inf flowing on (a masked logit times a temperature)
                 return None  # it came in non-finite: not made outside the model
-            path, line, function = r["where"]
-            found = {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
-                     "dtype": r["dtype"], "inplace": r["inplace"], "ops_recorded": len(self.records),
-                     "index": i, "autocast": r["autocast"], "phase": "forward"}
-            found["reference"] = _float32_rerun(r.get("call"))
-            return found
+            return self._found(r, i, step, "forward", reference=_float32_rerun(r))
         return None
-
 
     def scan_backward(self, step: int) -> dict | None:
-        """The first recorded op, in backward order, that received a finite gradient and produced
-        a non-finite one (`sqrt` at 0: finite forward, infinite derivative); one host transfer."""
-        if not self.backward:
-            return None
-        flags = []
-        for _, received, produced in self.backward:
-            flags.append(produced.to("cpu", non_blocking=True))
-            flags.append(received.to("cpu", non_blocking=True) if received is not None
-                         else torch.ones((), dtype=torch.bool))
-        if self.backward[0][2].device.type == "cuda":
-            torch.cuda.synchronize()
-        values = [bool(f) for f in flags]
-        for i, (index, _, _) in enumerate(self.backward):
-            produced_ok, received_ok = values[2 * i], values[2 * i + 1]
-            if produced_ok:
+        """The gradient went non-finite while the loss is finite: the last recorded op (backward
+        runs last to first) whose derivative, re-computed on its kept inputs, is not finite
+        (`sqrt` at 0: finite forward, infinite derivative)."""
+        self.scanned_steps += 1
+        for i in range(len(self.records) - 1, -1, -1):
+            r = self.records[i]
+            if r["inplace"] or r["intended"] or not any(t.requires_grad for t, _ in r["outputs"]):
                 continue
-            if not received_ok:
-                return None  # the gradient came in non-finite: made further down the graph
-            r = self.records[index]
-            path, line, function = r["where"]
-            return {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
-                    "dtype": r["dtype"], "inplace": False, "ops_recorded": len(self.records), "index": index,
-                    "autocast": r["autocast"], "phase": "backward", "reference": None}
+            if _local_grad_finite(r) is False:
+                return self._found(r, i, step, "backward", reference=None)
         return None
+
+    def _found(self, r: dict, index: int, step: int, phase: str, reference) -> dict:
+        path, line, function = r["where"]
+        return {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
+                "dtype": r["dtype"], "inplace": r["inplace"], "ops_recorded": len(self.records),
+                "index": index, "autocast": r["autocast"], "phase": phase, "reference": reference}
+
+
+def _finite_now(kept: list) -> bool | None:
+    """Are these kept tensors finite? None when one was changed in place since it was kept."""
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
+    with torch.no_grad():
+        return all(bool(torch.isfinite(t).all()) for t, _ in kept)
+
+
+def _replace_inputs(obj, swap: dict, depth: int = 0):
+    if isinstance(obj, torch.Tensor):
+        return swap.get(id(obj), obj)
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        return type(obj)(_replace_inputs(x, swap, depth + 1) for x in obj)
+    return obj
+
+
+def _local_grad_finite(r: dict) -> bool | None:
+    """Re-run the op on detached copies of its kept inputs (under the autocast it ran in) and
+    backpropagate ones: is the gradient it produces finite? None when it cannot be told."""
+    kept = [(t, v) for t, v in r["inputs"] if t.requires_grad]
+    if not kept:
+        return None
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+        swap = {id(t): t.detach().requires_grad_() for t, _ in kept}
+        device = kept[0][0].device.type
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(r["autocast"] or "")
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            out = r["func"](*_replace_inputs(r["args"], swap),
+                            **{k: _replace_inputs(v, swap) for k, v in r["kwargs"].items()})
+        outs = [t for t in _floating(out) if t.requires_grad]
+        if not outs:
+            return None
+        grads = torch.autograd.grad(outs, list(swap.values()), grad_outputs=[torch.ones_like(t) for t in outs],
+                                    allow_unused=True)
+    except Exception:  # noqa: BLE001 - an op that cannot be re-run alone: no verdict
+        return None
+    return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
 
 
 def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
@@ -247,12 +256,12 @@ def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
     return None, None, None
 
 
-def _float32_rerun(call) -> dict | None:
-    """The float16 op re-run on its inputs cast to float32 (autocast off): its output finite
-    there means float16's range was the problem. None when the inputs changed since."""
-    if call is None:
+def _float32_rerun(r: dict) -> dict | None:
+    """A float16 op re-run on its inputs cast to float32 (autocast off): its output finite there
+    means float16's range was the problem. None when the inputs changed since."""
+    if r["dtype"] != "float16" or r["inplace"]:
         return None
-    func, args, kwargs, kept = call
+    func, args, kwargs, kept = r["func"], r["args"], r["kwargs"], r["inputs"]
     try:
         if any(t._version != v for t, v in kept):
             return None

@@ -68,7 +68,7 @@ class Recorder:
         self.before_step: Callable[["Recorder", Any], None] | None = None  # numerics, steps without a scaler
         self.after_skip: Callable[["Recorder"], None] | None = None  # numerics: a step GradScaler skipped
         self.before_backward: Callable[["Recorder"], None] | None = None  # numerics: the loss is done
-        self.before_update: Callable[["Recorder"], None] | None = None  # numerics: before any optimizer writes
+        self.before_update: Callable[["Recorder", Any], None] | None = None  # numerics: before any optimizer writes
         self.muted = False  # numerics re-runs a forward: its autocast/backward calls are not the script's
         self.on_stop_pending: Callable[[], None] | None = None
         self._reset_iteration()
@@ -214,7 +214,7 @@ class Recorder:
     def on_scaler_step_enter(self, scaler, optimizer) -> dict:
         self.maybe_stop()
         if self.before_update is not None:
-            self.before_update(self)
+            self.before_update(self, optimizer)
         ev = self.event("scaler.step")
         self.optimizers.add(optimizer)
         if self.scaler_step_where is None and _scaler_enabled(scaler):
@@ -282,7 +282,7 @@ class Recorder:
         else:
             self.maybe_stop()
             if self.before_update is not None:
-                self.before_update(self)
+                self.before_update(self, optimizer)
             ev = self.event("optimizer.step", optimizer=type(optimizer).__name__)
             self._check_autocast_at_step(ev)
             if self.scaled_pending or any(b["scaled"] for b in self.backwards):
