@@ -42,14 +42,17 @@ def _skipped_caller(filename: str) -> bool:
     return hit
 
 
-def _floating(obj, depth: int = 0):
-    """Dense floating tensors among an op's arguments or results (one level of lists/tuples)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() and obj.layout == torch.strided and not obj.is_meta and obj.numel():
-            yield obj
-    elif depth < 2 and isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _floating(item, depth + 1)
+def _floating(obj, depth: int = 0) -> list[torch.Tensor]:
+    """Dense floating tensors among an op's arguments or results (one level of lists/tuples);
+    a plain loop, not a generator: it runs for every op while the watch is armed."""
+    out = []
+    for x in (obj if isinstance(obj, (list, tuple)) else (obj,)):
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() and x.layout == torch.strided and not x.is_meta and x.numel():
+                out.append(x)
+        elif depth < 1 and isinstance(x, (list, tuple)):
+            out += _floating(x, depth + 1)
+    return out
 
 
 def _nonfinite_scalar(obj, depth: int = 0) -> bool:
@@ -128,7 +131,7 @@ class OutsideOps(TorchFunctionMode):
             return func(*args, **kwargs)
         try:
             name = getattr(func, "__name__", "")
-            inputs = list(_floating(args)) + list(_floating(list(kwargs.values())))
+            inputs = _floating(args) + (_floating(list(kwargs.values())) if kwargs else [])
             inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
             # an in-place op overwrites its input: judge that one now (rare in loss code)
             in_flag = _all_finite(inputs) if inplace and inputs else None
@@ -142,8 +145,10 @@ class OutsideOps(TorchFunctionMode):
         return out
 
     def _record(self, func, args, kwargs, inputs, in_flag, inplace, out) -> None:
-        outputs = list(_floating(out))
-        if not outputs:
+        """Only what must be taken now (references, version counters, the user's line); names and
+        dtypes are worked out if the step is ever scanned."""
+        outputs = [out] if type(out) is torch.Tensor else list(_floating(out))
+        if not outputs or not outputs[0].is_floating_point():
             return
         size = sum(t.numel() for t in outputs) + (0 if inplace else sum(t.numel() for t in inputs))
         if self.kept_elements + size > MAX_KEPT_ELEMENTS:
@@ -151,12 +156,14 @@ class OutsideOps(TorchFunctionMode):
             return
         self.kept_elements += size
         self.records.append({
-            "op": _op_name(func), "func": func, "args": args, "kwargs": kwargs,
+            "func": func, "args": args, "kwargs": kwargs,
             "inputs": [] if inplace else [(t, t._version) for t in inputs],
             "outputs": [(t, t._version) for t in outputs], "in_finite": in_flag,
-            "intended": _nonfinite_scalar(args) or _nonfinite_scalar(list(kwargs.values())),
-            "dtype": str(outputs[0].dtype).replace("torch.", ""), "where": _user_frame(3),
-            "inplace": inplace, "autocast": self.autocast})
+            "where": _user_frame(3), "inplace": inplace, "autocast": self.autocast})
+
+    @staticmethod
+    def _intended(r: dict) -> bool:
+        return _nonfinite_scalar(r["args"]) or _nonfinite_scalar(list(r["kwargs"].values()))
 
     # -- reading (only on a step that went non-finite) ------------------------------------
     def scan(self, step: int) -> dict | None:
@@ -169,7 +176,7 @@ class OutsideOps(TorchFunctionMode):
             out_ok = _finite_now(r["outputs"])
             if out_ok is not False:
                 continue  # finite, or changed since (unknown)
-            if r["intended"]:  # masked_fill(mask, -inf), torch.full(..., -inf): written on purpose
+            if self._intended(r):  # masked_fill(mask, -inf), torch.full(..., -inf): written on purpose
                 intended = True
                 continue
             in_ok = bool(r["in_finite"]) if r["inplace"] else _finite_now(r["inputs"])
@@ -189,7 +196,7 @@ class OutsideOps(TorchFunctionMode):
         self.scanned_steps += 1
         for i in range(len(self.records) - 1, -1, -1):
             r = self.records[i]
-            if r["inplace"] or r["intended"] or not any(t.requires_grad for t, _ in r["outputs"]):
+            if r["inplace"] or self._intended(r) or not any(t.requires_grad for t, _ in r["outputs"]):
                 continue
             if _local_grad_finite(r) is False:
                 return self._found(r, i, step, "backward", reference=None)
@@ -197,8 +204,9 @@ class OutsideOps(TorchFunctionMode):
 
     def _found(self, r: dict, index: int, step: int, phase: str, reference) -> dict:
         path, line, function = r["where"]
-        return {"op": r["op"], "path": path, "line": line, "function": function, "step": step,
-                "dtype": r["dtype"], "inplace": r["inplace"], "ops_recorded": len(self.records),
+        dtype = str(r["outputs"][0][0].dtype).replace("torch.", "")
+        return {"op": _op_name(r["func"]), "path": path, "line": line, "function": function, "step": step,
+                "dtype": dtype, "inplace": r["inplace"], "ops_recorded": len(self.records),
                 "index": index, "autocast": r["autocast"], "phase": phase, "reference": reference}
 
 
@@ -259,7 +267,7 @@ def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
 def _float32_rerun(r: dict) -> dict | None:
     """A float16 op re-run on its inputs cast to float32 (autocast off): its output finite there
     means float16's range was the problem. None when the inputs changed since."""
-    if r["dtype"] != "float16" or r["inplace"]:
+    if r["outputs"][0][0].dtype != torch.float16 or r["inplace"]:
         return None
     func, args, kwargs, kept = r["func"], r["args"], r["kwargs"], r["inputs"]
     try:
