@@ -142,6 +142,8 @@ class Numerics:
 
     def _end_outside(self, rec: Recorder) -> None:
         self.outside.disarm()
+        if not rec.created_at:  # no optimizer (weights updated by hand): no step will read them
+            self.outside.clear()
 
     def _check_outside(self, rec: Recorder, optimizer=None) -> None:
         """Before the optimizer writes: if the step's loss is not finite, which recorded op made it

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from .locate import is_user_file
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
-MAX_KEPT_ELEMENTS = 64 * 2**20  # per step: tensors kept alive until the optimizer step
+MAX_KEPT_ELEMENTS = 16 * 2**20  # per step: tensor elements kept alive until the optimizer step
 _TORCH = os.path.dirname(os.path.realpath(torch.__file__))
 # callers whose ops are not the script's loss: GradScaler's scale() (its overflow is calibration),
 # tensor printing, and this package's own bookkeeping
