@@ -89,7 +89,9 @@ def test_quick_cases_side_by_side():
 def test_heldout_case(case):
     status, report = run_case(case)
     assert problems_of(case, status, report) == []
-    assert report["steps_observed"] >= 1 and report["argv"] == ["train.py", *case["args"]]
+    # observed: optimizer steps, or (no optimizer, or a raise in step 0) the calls of step 0
+    assert report["steps_observed"] >= 1 or report["timeline"][0]["events"]
+    assert report["argv"] == ["train.py", *case["args"]]
 
 
 def test_the_set_covers_what_the_issue_asks_for():

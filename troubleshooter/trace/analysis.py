@@ -107,6 +107,9 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     """AMP202/205/206 from the first non-finite event that is not a GradScaler skip."""
     events = numerics.get("events") or []
     first = next((e for e in events if is_real(e)), None)
+    outside = numerics.get("outside")
+    if outside is not None and (first is None or first.get("forward") is None and first["step"] >= outside["step"]):
+        return [outside_finding(outside)]  # the model's output was finite; the loss code made it
     if first is None:
         return []
     p = first.get("precision") or "fp32"
@@ -165,6 +168,59 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
             "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
             location, "fp16", data)]
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+def outside_finding(op: dict) -> Finding:
+    """AMP205 (AMP202 for a float16 overflow) at the line of the op, outside the model, that made
+    the first non-finite value of the loss from finite inputs; module None: no module made it."""
+    p = op.get("precision") or "fp32"
+    name = op.get("op") or "an op"
+    fn = f" in {op['function']}()" if op.get("function") and op["function"] != "<module>" else ""
+    if op.get("phase") == "backward":
+        return _outside_backward_finding(op)
+    data = {"seen": SEEN, "step": op["step"], "phase": "forward", "where": "loss", "made_outside_model": True,
+            "op": name, "function": op.get("function"), "output_dtype": op.get("dtype"), "loss_kind": op.get("loss"),
+            "loss_finite": False, "localised_by": "the ops run on the model's output outside it (from its "
+            "return to backward()), each checked for finite inputs and outputs"}
+    if op.get("inplace"):
+        data["inplace"] = True
+    ref = op.get("reference") or {}
+    location = Location(path=op.get("path"), line=op.get("line"), module=None)
+    if op.get("dtype") == "float16" and ref.get("finite"):
+        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
+        return Finding(
+            "AMP202", "fp16-overflow", Severity.ERROR,
+            f"{name}{fn} overflows float16 outside the model: its inputs are finite, its float16 output is not, "
+            f"while in float32 it peaks at max |x| {ref.get('max_abs'):g}; float16's largest value is 65504 "
+            f"(the loss is {op.get('loss')}, step {op['step']})",
+            "Compute the loss in float32: cast the model output with .float() before this helper, or run it under "
+            "torch.autocast(device_type, enabled=False); or bring the values into range (a mean instead of a sum, "
+            "a smaller weight applied before squaring).", location, "fp16", data)
+    return Finding(
+        "AMP205", "nonfinite-in-forward", Severity.ERROR,
+        f"{name}{fn} makes a non-finite value from finite inputs, outside the model, in the loss computation "
+        f"({p}): the model's output is finite, the loss is {op.get('loss')} (step {op['step']})",
+        "Guard the operation at this line: clamp the input of log/sqrt/pow (torch.log(p.clamp_min(eps)), or a "
+        "fused stable form such as F.binary_cross_entropy_with_logits / F.log_softmax), and keep a division's "
+        "denominator away from zero (x / n.clamp_min(1)).", location, p, data)
+
+
+def _outside_backward_finding(op: dict) -> Finding:
+    """AMP206: an op outside the model received a finite gradient and produced a non-finite one."""
+    p = op.get("precision") or "fp32"
+    name = op.get("op") or "an op"
+    fn = f" in {op['function']}()" if op.get("function") and op["function"] != "<module>" else ""
+    data = {"seen": SEEN, "step": op["step"], "phase": "backward", "where": "loss", "made_outside_model": True,
+            "op": name, "function": op.get("function"), "output_dtype": op.get("dtype"), "loss": op.get("loss"),
+            "localised_by": "gradient hooks on the ops run on the model's output outside it"}
+    return Finding(
+        "AMP206", "nonfinite-in-backward", Severity.ERROR,
+        f"the backward of {name}{fn}, outside the model in the loss computation ({p}), turns a finite gradient "
+        f"into a non-finite one while the loss itself is finite (step {op['step']}): its derivative is infinite "
+        "at the values it got (sqrt or pow(x, <1) at 0, log at 0, division by ~0)",
+        "Keep the op off its singular point: torch.sqrt(x + eps) or x.clamp_min(eps).sqrt(), pow on clamped "
+        "inputs, or a formulation whose gradient is finite (squared distance, torch.cdist with eps).",
+        Location(path=op.get("path"), line=op.get("line"), module=None), p, data)
 
 
 def _backward_of_step(timeline: list[dict], step: int) -> dict | None:

@@ -24,7 +24,8 @@ from torch import nn
 
 from ..engine.nanhooks import HookSet, _tensors, number
 from .locate import is_user_file
-from .recorder import Recorder
+from .outside import OutsideOps
+from .recorder import Recorder, _autocast_now
 
 RECHECK_STEPS = 3  # plain mode: steps hooked after a non-finite or skipped one
 MAX_EVENTS = 50
@@ -93,6 +94,11 @@ class Numerics:
         self.skip_reruns = 0
         self.rerun_error: str | None = None
         self.last_rerun_step: int | None = None
+        self.outside = OutsideOps()  # the loss computed from the model's output, outside it
+        self._outside_watch: list = []
+        self.outside_event: dict | None = None
+        rec.before_backward = self._end_outside
+        rec.before_update = self._check_outside
         self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
         if not nan:
             rec.before_step = self.before_step
@@ -117,10 +123,72 @@ class Numerics:
                 self._keep_inputs(module, args, kwargs)
         return None
 
+    # -- both modes: the ops between the model's output and backward() --------------------------
+    def _watch_outside(self, model: nn.Module) -> None:
+        """Record the ops run on this model's output until backward(), its next call or the step."""
+        if self._outside_watch and self._outside_watch[0][1] is model:
+            return
+        for handle, _ in self._outside_watch:
+            handle.remove()
+        self._outside_watch = [(model.register_forward_pre_hook(self._pause_outside), model),
+                               (model.register_forward_hook(self._start_outside), model)]
+
+    def _pause_outside(self, module, args) -> None:
+        self.outside.disarm()
+
+    def _start_outside(self, module, args, output) -> None:
+        if not self.rec.muted and self.outside_event is None and torch.is_grad_enabled():
+            self.outside.arm(_autocast_now())
+
+    def _end_outside(self, rec: Recorder) -> None:
+        self.outside.disarm()
+        if not rec.created_at:  # no optimizer (weights updated by hand): no step will read them
+            self.outside.clear()
+
+    def _check_outside(self, rec: Recorder, optimizer=None) -> None:
+        """Before the optimizer writes: if the step's loss is not finite, which recorded op made it
+        (with --nan also: finite loss, non-finite gradients, which op's derivative made them)."""
+        self.outside.disarm()
+        if self.outside_event is not None or not self.outside.records:
+            return
+        loss = rec.peek_loss()
+        if loss is None:
+            return
+        if not math.isfinite(loss):
+            found = self._outside_scan(self.outside.scan, rec.steps)
+            if found is not None:
+                found["loss"] = "nan" if loss != loss else ("inf" if loss > 0 else "-inf")
+                self._keep_outside(found)
+        elif self.nan and optimizer is not None and _grads_nonfinite(optimizer):
+            self.outside_backward(rec, loss)
+
+    def outside_backward(self, rec: Recorder, loss: float) -> None:
+        """Finite loss, non-finite gradients, no GradScaler scaling them (its calibration overflows
+        on purpose): the loss op whose derivative is not finite at the values it got."""
+        if self.outside_event is not None or not self.outside.records or any(b["scaled"] for b in rec.backwards):
+            return
+        found = self._outside_scan(self.outside.scan_backward, rec.steps)
+        if found is not None:
+            found["loss"] = loss
+            self._keep_outside(found)
+
+    def _outside_scan(self, scan, step: int) -> dict | None:
+        try:
+            return scan(step)
+        except Exception as exc:  # noqa: BLE001 - best effort; the module hooks' finding remains
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            return None
+
+    def _keep_outside(self, found: dict) -> None:
+        found["precision"] = _precision(found["autocast"], found["dtype"])
+        self.outside_event = found
+        self.outside.clear()
+
     # -- plain mode: watch the root call, re-run a failing step ---------------------------------
     def _start_watch(self, model: nn.Module) -> None:
         self._stop_watch()
         self.model = model
+        self._watch_outside(model)
         self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
                        model.register_forward_hook(self._keep_output_grads)]
 
@@ -159,11 +227,9 @@ class Numerics:
         loss = rec.peek_loss()
         bad = loss is not None and not math.isfinite(loss)
         if not bad:
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
-                     if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
-            if grads:
-                norms = torch._foreach_norm(grads)
-                bad = not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+            bad = _grads_nonfinite(optimizer)
+        if bad and loss is not None and math.isfinite(loss):
+            self.outside_backward(rec, loss)
         if bad:
             self.reruns += 1
             try:
@@ -259,6 +325,7 @@ class Numerics:
 
     def _attach(self, model: nn.Module) -> None:
         self.model = model
+        self._watch_outside(model)
         self.hooks = HookSet(model).attach()
 
     def _detach(self) -> None:
@@ -286,6 +353,7 @@ class Numerics:
 
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
+        self.outside.clear()  # the step is done: let its loss tensors go
         if not self.nan and step["step"] == 0 and rec.optimizers:
             self._check_watched_model()
         if self.headroom:
@@ -375,6 +443,10 @@ class Numerics:
 
     def close(self) -> None:
         """Remove every hook this object added."""
+        self.outside.disarm()
+        for handle, _ in self._outside_watch:
+            handle.remove()
+        self._outside_watch = []
         self._remove_discovery()
         self._stop_watch()
         self._detach()
@@ -384,7 +456,8 @@ class Numerics:
         out = {"mode": self.mode, "model": type(self.model).__name__ if self.model is not None else None,
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
-               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10]}
+               "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
+               "outside": self.outside_event}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out
@@ -423,6 +496,15 @@ def _nonfinite_step(step: dict) -> bool:
     loss = step.get("loss")
     return bool(step.get("skipped")) or isinstance(loss, str) or (
         isinstance(loss, float) and not math.isfinite(loss))
+
+
+def _grads_nonfinite(optimizer) -> bool:
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+             if p.grad is not None and p.grad.is_floating_point() and p.grad.layout == torch.strided]
+    if not grads:
+        return False
+    norms = torch._foreach_norm(grads)
+    return not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
 
 
 def _nonfinite_params(model: nn.Module) -> list[str]:

@@ -67,6 +67,8 @@ class Recorder:
         self.scheduler_where: dict | None = None
         self.before_step: Callable[["Recorder", Any], None] | None = None  # numerics, steps without a scaler
         self.after_skip: Callable[["Recorder"], None] | None = None  # numerics: a step GradScaler skipped
+        self.before_backward: Callable[["Recorder"], None] | None = None  # numerics: the loss is done
+        self.before_update: Callable[["Recorder", Any], None] | None = None  # numerics: before any optimizer writes
         self.muted = False  # numerics re-runs a forward: its autocast/backward calls are not the script's
         self.on_stop_pending: Callable[[], None] | None = None
         self._reset_iteration()
@@ -145,6 +147,8 @@ class Recorder:
     def on_backward(self, tensor) -> None:
         if self.muted:
             return
+        if self.before_backward is not None:
+            self.before_backward(self)
         self.maybe_stop()
         scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
         ev = self.event("backward", scaled=scaled_by is not None)
@@ -209,6 +213,8 @@ class Recorder:
 
     def on_scaler_step_enter(self, scaler, optimizer) -> dict:
         self.maybe_stop()
+        if self.before_update is not None:
+            self.before_update(self, optimizer)
         ev = self.event("scaler.step")
         self.optimizers.add(optimizer)
         if self.scaler_step_where is None and _scaler_enabled(scaler):
@@ -275,6 +281,8 @@ class Recorder:
             ev = self.in_scaler_step[-1]["ev"]
         else:
             self.maybe_stop()
+            if self.before_update is not None:
+                self.before_update(self, optimizer)
             ev = self.event("optimizer.step", optimizer=type(optimizer).__name__)
             self._check_autocast_at_step(ev)
             if self.scaled_pending or any(b["scaled"] for b in self.backwards):

@@ -1,0 +1,297 @@
+"""The ops a script runs on the model's output outside the model (its loss function, often in a
+helper file), watched so a non-finite loss is pinned to the line that made it.
+
+Module hooks see only what modules return; `-torch.log(p)` or `x / mask.sum()` in `losses.py`
+runs after the model's forward has returned. A `TorchFunctionMode` is pushed while the watched
+model's output is being turned into a loss: from the moment its forward returns until the
+step's `backward()`, its next call or the optimizer step. Per op with a floating output it keeps,
+on the device and without a host sync, whether each floating input and output is finite, plus
+the op's name and the innermost user frame (`locate.user_frame`). Nothing is read back unless
+the step's loss turns out non-finite; then one transfer gives the first op whose inputs were all
+finite and whose output is not: the op that made it. For a float16 output that op is re-run in
+float32 on its kept inputs: finite there means a float16 overflow (AMP202), not a bug of the code.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .locate import is_user_file
+
+MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
+MAX_KEPT_ELEMENTS = 16 * 2**20  # per step: tensor elements kept alive until the optimizer step
+_TORCH = os.path.dirname(os.path.realpath(torch.__file__))
+# callers whose ops are not the script's loss: GradScaler's scale() (its overflow is calibration),
+# tensor printing, and this package's own bookkeeping
+_SKIP_PREFIXES = tuple(os.path.join(_TORCH, d) for d in ("amp", os.path.join("cuda", "amp"), "_tensor_str.py")) + (
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,)
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__",
+                    "__imod__", "__idiv__", "__setitem__"}
+
+
+_skip_cache: dict[str, bool] = {}
+
+
+def _skipped_caller(filename: str) -> bool:
+    hit = _skip_cache.get(filename)
+    if hit is None:
+        hit = _skip_cache[filename] = os.path.realpath(filename).startswith(_SKIP_PREFIXES)
+    return hit
+
+
+def _floating(obj, depth: int = 0) -> list[torch.Tensor]:
+    """Dense floating tensors among an op's arguments or results (one level of lists/tuples);
+    a plain loop, not a generator: it runs for every op while the watch is armed."""
+    out = []
+    for x in (obj if isinstance(obj, (list, tuple)) else (obj,)):
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() and x.layout == torch.strided and not x.is_meta and x.numel():
+                out.append(x)
+        elif depth < 1 and isinstance(x, (list, tuple)):
+            out += _floating(x, depth + 1)
+    return out
+
+
+def _nonfinite_scalar(obj, depth: int = 0) -> bool:
+    """A non-finite Python number among the arguments: the script asks for inf/NaN on purpose."""
+    if isinstance(obj, float):
+        return obj != obj or obj in (float("inf"), float("-inf"))
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        return any(_nonfinite_scalar(x, depth + 1) for x in obj)
+    return False
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One 0-d bool on the device: every element of every tensor is finite (no host sync)."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors]
+    if not flags:
+        return None
+    if len(flags) == 1:
+        return flags[0]
+    device = flags[0].device
+    return torch.stack([f.to(device) for f in flags]).all()
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    qual = getattr(func, "__qualname__", "") or ""
+    if qual.startswith("TensorBase.") or qual.startswith("Tensor."):
+        return "Tensor." + name
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch.nn.functional"):
+        return "F." + name
+    return f"torch.{name}" if module.startswith("torch") else name
+
+
+class OutsideOps(TorchFunctionMode):
+    """Records the ops run on the model's output outside it; `scan()` names the op that made a
+    non-finite value. Armed and disarmed by `numerics.Numerics` around the watched model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.records: list[dict] = []
+        self.dropped = 0
+        self.kept_elements = 0
+        self.scanned_steps = 0
+        self.autocast: str | None = None  # the autocast dtype when the window opened
+
+    # -- arming --------------------------------------------------------------------------
+    def disarm(self) -> None:
+        """Pop the mode if it is on top; under a mode the script pushed since, only stop recording
+        (popping would take the script's mode away) and pop it at a later disarm."""
+        self.armed = False
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is self:
+            self.__exit__(None, None, None)
+
+    def arm(self, autocast: str | None = None) -> None:
+        self.autocast = autocast
+        n = torch._C._len_torch_function_stack()
+        if not (n and torch._C._get_function_stack_at(n - 1) is self):
+            self.__enter__()
+        self.armed = True
+
+    def clear(self) -> None:
+        self.records = []
+        self.dropped = 0
+        self.kept_elements = 0
+
+    # -- recording: references and version counters only, no kernel, no sync --------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.armed or getattr(func, "__name__", "") == "__get__":
+            return func(*args, **kwargs)
+        if _skipped_caller(sys._getframe(1).f_code.co_filename) or len(self.records) >= MAX_OPS:
+            if len(self.records) >= MAX_OPS:
+                self.dropped += 1
+            return func(*args, **kwargs)
+        try:
+            name = getattr(func, "__name__", "")
+            inputs = _floating(args) + (_floating(list(kwargs.values())) if kwargs else [])
+            inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
+            # an in-place op overwrites its input: judge that one now (rare in loss code)
+            in_flag = _all_finite(inputs) if inplace and inputs else None
+        except Exception:  # noqa: BLE001 - an odd tensor (nested, subclass): watch nothing, change nothing
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        try:
+            self._record(func, args, kwargs, inputs, in_flag, inplace, out)
+        except Exception:  # noqa: BLE001 - the script's result stands whatever our bookkeeping meets
+            self.dropped += 1
+        return out
+
+    def _record(self, func, args, kwargs, inputs, in_flag, inplace, out) -> None:
+        """Only what must be taken now (references, version counters, the user's line); names and
+        dtypes are worked out if the step is ever scanned."""
+        outputs = [out] if type(out) is torch.Tensor else list(_floating(out))
+        if not outputs or not outputs[0].is_floating_point():
+            return
+        size = sum(t.numel() for t in outputs) + (0 if inplace else sum(t.numel() for t in inputs))
+        if self.kept_elements + size > MAX_KEPT_ELEMENTS:
+            self.dropped += 1
+            return
+        self.kept_elements += size
+        self.records.append({
+            "func": func, "args": args, "kwargs": kwargs,
+            "inputs": [] if inplace else [(t, t._version) for t in inputs],
+            "outputs": [(t, t._version) for t in outputs], "in_finite": in_flag,
+            "where": _user_frame(3), "inplace": inplace, "autocast": self.autocast})
+
+    @staticmethod
+    def _intended(r: dict) -> bool:
+        return _nonfinite_scalar(r["args"]) or _nonfinite_scalar(list(r["kwargs"].values()))
+
+    # -- reading (only on a step that went non-finite) ------------------------------------
+    def scan(self, step: int) -> dict | None:
+        """The first recorded op whose inputs were finite and whose output is not. None when every
+        recorded output is finite or a non-finite value came in from outside (the model's output:
+        the module hooks' business; or the batch). Tensors changed in place since are skipped."""
+        self.scanned_steps += 1
+        intended = False
+        for i, r in enumerate(self.records):
+            out_ok = _finite_now(r["outputs"])
+            if out_ok is not False:
+                continue  # finite, or changed since (unknown)
+            if self._intended(r):  # masked_fill(mask, -inf), torch.full(..., -inf): written on purpose
+                intended = True
+                continue
+            in_ok = bool(r["in_finite"]) if r["inplace"] else _finite_now(r["inputs"])
+            if in_ok is None:
+                continue  # an input changed since: cannot tell
+            if not in_ok:
+                if intended:
+                    continue  # the intended -inf flowing on (a masked logit times a temperature)
+                return None  # it came in non-finite: not made outside the model
+            return self._found(r, i, step, "forward", reference=_float32_rerun(r))
+        return None
+
+    def scan_backward(self, step: int) -> dict | None:
+        """The gradient went non-finite while the loss is finite: the last recorded op (backward
+        runs last to first) whose derivative, re-computed on its kept inputs, is not finite
+        (`sqrt` at 0: finite forward, infinite derivative)."""
+        self.scanned_steps += 1
+        for i in range(len(self.records) - 1, -1, -1):
+            r = self.records[i]
+            if r["inplace"] or self._intended(r) or not any(t.requires_grad for t, _ in r["outputs"]):
+                continue
+            if _local_grad_finite(r) is False:
+                return self._found(r, i, step, "backward", reference=None)
+        return None
+
+    def _found(self, r: dict, index: int, step: int, phase: str, reference) -> dict:
+        path, line, function = r["where"]
+        dtype = str(r["outputs"][0][0].dtype).replace("torch.", "")
+        return {"op": _op_name(r["func"]), "path": path, "line": line, "function": function, "step": step,
+                "dtype": dtype, "inplace": r["inplace"], "ops_recorded": len(self.records),
+                "index": index, "autocast": r["autocast"], "phase": phase, "reference": reference}
+
+
+def _finite_now(kept: list) -> bool | None:
+    """Are these kept tensors finite? None when one was changed in place since it was kept."""
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
+    with torch.no_grad():
+        return all(bool(torch.isfinite(t).all()) for t, _ in kept)
+
+
+def _replace_inputs(obj, swap: dict, depth: int = 0):
+    if isinstance(obj, torch.Tensor):
+        return swap.get(id(obj), obj)
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        return type(obj)(_replace_inputs(x, swap, depth + 1) for x in obj)
+    return obj
+
+
+def _local_grad_finite(r: dict) -> bool | None:
+    """Re-run the op on detached copies of its kept inputs (under the autocast it ran in) and
+    backpropagate ones: is the gradient it produces finite? None when it cannot be told."""
+    kept = [(t, v) for t, v in r["inputs"] if t.requires_grad]
+    if not kept:
+        return None
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+        swap = {id(t): t.detach().requires_grad_() for t, _ in kept}
+        device = kept[0][0].device.type
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(r["autocast"] or "")
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            out = r["func"](*_replace_inputs(r["args"], swap),
+                            **{k: _replace_inputs(v, swap) for k, v in r["kwargs"].items()})
+        outs = [t for t in _floating(out) if t.requires_grad]
+        if not outs:
+            return None
+        grads = torch.autograd.grad(outs, list(swap.values()), grad_outputs=[torch.ones_like(t) for t in outs],
+                                    allow_unused=True)
+    except Exception:  # noqa: BLE001 - an op that cannot be re-run alone: no verdict
+        return None
+    return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+
+
+def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
+    frame = sys._getframe(depth)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):  # co_qualname: "FocalLoss.forward", not "forward"
+            return code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)
+        frame = frame.f_back
+    return None, None, None
+
+
+def _float32_rerun(r: dict) -> dict | None:
+    """A float16 op re-run on its inputs cast to float32 (autocast off): its output finite there
+    means float16's range was the problem. None when the inputs changed since."""
+    if r["outputs"][0][0].dtype != torch.float16 or r["inplace"]:
+        return None
+    func, args, kwargs, kept = r["func"], r["args"], r["kwargs"], r["inputs"]
+    try:
+        if any(t._version != v for t, v in kept):
+            return None
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
+
+    def up(x, depth=0):
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+            return x.detach().float()
+        if depth < 2 and isinstance(x, (list, tuple)):
+            return type(x)(up(i, depth + 1) for i in x)
+        return x
+
+    device = kept[0][0].device.type if kept else "cpu"
+    try:
+        with torch.no_grad(), torch.autocast(device, enabled=False):
+            out = func(*up(args), **{k: up(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - an op that needs float16 inputs: no reference
+        return None
+    outs = list(_floating(out))
+    if not outs:
+        return None
+    finite = all(bool(torch.isfinite(t).all()) for t in outs)
+    max_abs = max(float(t.abs().max()) for t in outs)
+    return {"precision": "fp32", "finite": finite, "max_abs": max_abs}
