@@ -4,12 +4,13 @@ helper file), watched so a non-finite loss is pinned to the line that made it.
 Module hooks see only what modules return; `-torch.log(p)` or `x / mask.sum()` in `losses.py`
 runs after the model's forward has returned. A `TorchFunctionMode` is pushed while the watched
 model's output is being turned into a loss: from the moment its forward returns until the
-step's `backward()`, its next call or the optimizer step. Per op with a floating output it keeps,
-on the device and without a host sync, whether each floating input and output is finite, plus
-the op's name and the innermost user frame (`locate.user_frame`). Nothing is read back unless
-the step's loss turns out non-finite; then one transfer gives the first op whose inputs were all
-finite and whose output is not: the op that made it. For a float16 output that op is re-run in
-float32 on its kept inputs: finite there means a float16 overflow (AMP202), not a bug of the code.
+step's `backward()`, its next call or the optimizer step. Per op with a floating output it keeps
+only references to its inputs and outputs, their version counters and the innermost user frame
+(`locate.user_frame`): no kernel, no host sync. Nothing is read unless the step's loss (or its
+gradients) turn out non-finite; then the kept tensors are checked in call order, and the first op
+whose inputs were all finite and whose output is not is the op that made it. For a float16 output
+that op is re-run in float32 on its kept inputs: finite there means a float16 overflow (AMP202),
+not a bug of the code.
 """
 from __future__ import annotations
 
