@@ -10,7 +10,8 @@ fails.
 
 The independent side shares nothing with the engine but the model spec: it builds the model
 itself, writes its own training step (zero_grad, autocast forward, backward, optimizer step)
-and times it with `torch.utils.benchmark.Timer.blocked_autorange` (median and IQR of blocks).
+and times it with `torch.utils.benchmark.Timer.blocked_autorange` (median and IQR of blocks),
+each precision in the listed order and then in reverse, so a drifting host favours neither.
 Its speedup is median(fp32) / median(p), put in the same buckets as ours (`level_for`).
 Ours agrees when its level equals the reference's, or when it says inconclusive; it FAILS when
 it disagrees with a verdict, or gives a verdict although one of its spreads (fp32, the chosen
@@ -55,8 +56,14 @@ def busy(burners: int):
 
 
 def reference(workload, precisions, min_run_time: float) -> dict:
-    """median/IQR per precision of a hand-written training step, timed by torch.utils.benchmark."""
-    out = {}
+    """median/IQR per precision of a hand-written training step, timed by torch.utils.benchmark.
+
+    Timed in the listed order and then in reverse (A B ... B A), half the run time each, and the
+    blocks of both passes pooled: a host whose speed drifts during the run (this VM's step times
+    move by 20% within a minute) would otherwise favour whichever precision is timed first."""
+    import statistics
+
+    steps, blocks = {}, {p: [] for p in precisions}
     for p in precisions:
         torch.manual_seed(0)
         model = workload.build_model()
@@ -66,7 +73,7 @@ def reference(workload, precisions, min_run_time: float) -> dict:
         dtype = _DTYPES.get(p)
         scaler = torch.amp.GradScaler("cpu", enabled=p == "fp16")
 
-        def step():
+        def step(model=model, opt=opt, inputs=inputs, target=target, dtype=dtype, scaler=scaler):
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                 loss = workload.loss_fn(model(*inputs), target)
@@ -75,10 +82,17 @@ def reference(workload, precisions, min_run_time: float) -> dict:
             scaler.update()
 
         step()  # warm-up
-        m = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads()
-                            ).blocked_autorange(min_run_time=min_run_time)
-        out[p] = {"median_ms": m.median * 1e3, "spread": m.iqr / m.median if m.median else None,
-                  "blocks": len(m.times)}
+        steps[p] = step
+    for order in (list(precisions), list(reversed(precisions))):
+        for p in order:
+            m = benchmark.Timer(stmt="step()", globals={"step": steps[p]}, num_threads=torch.get_num_threads()
+                                ).blocked_autorange(min_run_time=min_run_time / 2)
+            blocks[p].extend(m.times)
+    out = {}
+    for p, times in blocks.items():
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        med = statistics.median(times)
+        out[p] = {"median_ms": med * 1e3, "spread": (q[2] - q[0]) / med if med else None, "blocks": len(times)}
     base = out["fp32"]["median_ms"]
     for p, r in out.items():
         r["speedup"] = base / r["median_ms"]
