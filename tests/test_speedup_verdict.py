@@ -284,3 +284,29 @@ def test_recorded_busy_host_samples_are_inconclusive(name):
 
     old = make_verdict({p: summ(s).median for p, s in samples.items()})
     assert old.level in ("stay_fp32", "modest", "use_amp")
+
+
+def test_a_ratio_that_drifts_during_the_run_widens_the_interval():
+    """The host changes mid-run (another job starts): the first half measures bf16 at 1.25x, the
+    second at 0.95x, each tight. A bootstrap over rounds alone gives a narrow interval around the
+    pooled median; the interval must cover the thirds and so straddle 1.1x: inconclusive."""
+    from troubleshooter.engine.speedup_stats import paired_speedup, segment_medians
+
+    fp32 = _rounds(60, 100.0, {"bf16": 1.25}, jitter=0.0)["fp32"]
+    bf16 = [x / (1.25 if i < 30 else 0.95) for i, x in enumerate(fp32)]
+    ps = paired_speedup(fp32, bf16)
+    thirds = segment_medians([a / b for a, b in zip(fp32, bf16)])
+    assert len(thirds) == 3 and thirds[0] == pytest.approx(1.25, rel=0.01) and thirds[2] == pytest.approx(0.95, rel=0.01)
+    assert ps.low <= 0.96 and ps.high >= 1.24
+    v = _verdict_from_samples({"fp32": fp32, "bf16": bf16})
+    assert v.level == "inconclusive" and any("straddles" in d for d in v.inconclusive_because)
+
+
+def test_a_steady_ratio_keeps_its_tight_interval():
+    from troubleshooter.engine.speedup_stats import bootstrap_median_ci, paired_speedup
+
+    samples = _rounds(60, 100.0, {"bf16": 1.3}, jitter=0.05)
+    ratios = [a / b for a, b in zip(samples["fp32"], samples["bf16"])]
+    ps = paired_speedup(samples["fp32"], samples["bf16"])
+    assert (ps.low, ps.high) == pytest.approx(bootstrap_median_ci(ratios), rel=0.01)
+    assert ps.high - ps.low < 0.05
