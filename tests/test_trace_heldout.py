@@ -24,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = Path(__file__).parent / "fixtures" / "trace" / "heldout"
 CASES = json.loads((HELDOUT / "cases.json").read_text())["cases"]
-QUICK = {"tv-checkpoint-without-scaler", "vit-fp16-raw-pixels-overflow", "nanogpt-cpu-nullcontext"}
+QUICK = {"tv-checkpoint-without-scaler", "vit-fp16-raw-pixels-overflow", "vit-fp16-raw-pixels-overflow-nan",
+         "nanogpt-cpu-nullcontext"}
 ALL = os.environ.get("TRACE_HELDOUT") == "1"
 
 
@@ -32,7 +33,7 @@ def run_case(case: dict, timeout_s: int = 180) -> tuple[int, dict]:
     """The CLI in the script's folder, as the issue's check runs it; (exit status, JSON report)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "troubleshooter", "trace", "train.py", "--steps", "5", "--format", "json",
-           "--", *case["args"]]
+           *case.get("trace_args", []), "--", *case["args"]]
     proc = subprocess.run(cmd, cwd=HELDOUT / case["folder"], env=env, capture_output=True, text=True,
                           timeout=timeout_s)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]

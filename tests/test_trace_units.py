@@ -166,5 +166,5 @@ def test_the_first_watched_call_keeps_its_keyword_arguments():
         args, kwargs, _ = num._last_in
         assert len(args) == 1 and set(kwargs) == {"labels"}
     finally:
-        num._remove_discovery()
-        num._stop_watch()
+        num.close()  # also pops the loss watch armed when the forward returned
+    assert torch._C._len_torch_function_stack() == 0

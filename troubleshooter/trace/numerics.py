@@ -2,7 +2,8 @@
 the optimizer trains.
 
 With `--nan` the hooks are on from the first forward and analyse every step (device-side
-min/max, one host sync per step). Without it only the model's outermost call is watched (its
+min/max, one host sync per step); the root call's inputs are kept, so a non-finite value made
+by a module's own code under fp16 gets the same float32 check as in plain mode. Without it only the model's outermost call is watched (its
 inputs kept, one hook capturing the gradient of its output): when a step without GradScaler has
 a non-finite loss or gradient, that step's forward (and backward from the captured output
 gradient) is re-run with the hooks on before the optimizer writes anything, with RNG state and
@@ -17,6 +18,7 @@ import inspect
 import math
 import re
 import sys
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -33,6 +35,24 @@ MAX_SKIP_RERUNS = 3  # plain mode: skipped steps re-run with hooks
 MAX_KEPT_OUTPUT_ELEMENTS = 64 * 2**20  # plain mode: output gradients kept for a backward re-run
 MAX_ARMS = 3  # plain mode: times the hooks are attached after a non-finite or skipped step
 FP16_TINY = 2.0 ** -24  # smallest float16 subnormal: scaled gradients below it become 0
+
+
+@contextmanager
+def _state_restored(model: nn.Module):
+    """A re-run of the script's step must leave no trace: RNG streams (dropout) and buffers
+    (BatchNorm running statistics) are put back as they were."""
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
 
 
 _MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
@@ -116,11 +136,11 @@ class Numerics:
             self.hooks._pre(0, module, args, {})
         else:
             self._start_watch(module)
-            kwargs = _call_kwargs(module)
-            if kwargs is None:  # unknown: a re-run without them would not be the step that failed
-                self._last_in = None
-            else:
-                self._keep_inputs(module, args, kwargs)
+        kwargs = _call_kwargs(module)
+        if kwargs is None:  # unknown: a re-run without them would not be the step that failed
+            self._last_in = None
+        else:
+            self._keep_inputs(module, args, kwargs)
         return None
 
     # -- both modes: the ops between the model's output and backward() --------------------------
@@ -254,31 +274,23 @@ class Numerics:
         args, kwargs, (device, ac_on, ac_dtype) = self._last_in
         grads_out = dict(self._out_grads)
         params = [p for p in model.parameters() if p.requires_grad]
-        cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        buffers = [(b, b.detach().clone()) for b in model.buffers()]
         self._stop_watch()
         hooks = HookSet(model).attach()
         rec.muted = True
         try:
-            with torch.enable_grad(), torch.autocast(device, dtype=ac_dtype, enabled=bool(ac_on)):
-                out = model(*args, **kwargs)
-            outs = [t for t in _tensors(out) if t.requires_grad]
-            if outs and len(grads_out) == len(outs) and params:
-                torch.autograd.grad(outs, params, grad_outputs=[grads_out[i] for i in range(len(outs))],
-                                    allow_unused=True)
-            report = hooks.collect()
-            hooks.detach()
-            reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
+            with _state_restored(model):
+                with torch.enable_grad(), torch.autocast(device, dtype=ac_dtype, enabled=bool(ac_on)):
+                    out = model(*args, **kwargs)
+                outs = [t for t in _tensors(out) if t.requires_grad]
+                if outs and len(grads_out) == len(outs) and params:
+                    torch.autograd.grad(outs, params, grad_outputs=[grads_out[i] for i in range(len(outs))],
+                                        allow_unused=True)
+                report = hooks.collect()
+                hooks.detach()
+                reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
         finally:
             rec.muted = False
             hooks.detach()
-            torch.set_rng_state(cpu_rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
             self._start_watch(model)
         step = {"step": rec.steps, "skipped": skipped,
                 "loss": None if loss is None else (loss if math.isfinite(loss) else ("nan" if loss != loss else "inf"))}
@@ -327,11 +339,15 @@ class Numerics:
         self.model = model
         self._watch_outside(model)
         self.hooks = HookSet(model).attach()
+        if self.nan and not self._watch:  # --nan: the root call's inputs, for the float32 reference
+            self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)]
 
     def _detach(self) -> None:
         if self.hooks is not None:
             self.hooks.detach()
             self.hooks = None
+        if self.nan:
+            self._stop_watch()
 
     def trained_model(self) -> nn.Module | None:
         """The module owning most of the parameters the optimizers update (the root on ties)."""
@@ -382,10 +398,41 @@ class Numerics:
             self.rechecks_left -= 1
         if self.nan and step["step"] == 0 and self.rec.optimizers:
             self._check_model_is_trained()
+        recorded = len(self.events)
         self._record(report, step, self.mode)
+        if self.nan and len(self.events) > recorded:
+            self._nan_reference(self.events[-1], report)
         done = not self.nan and (self.rechecks_left <= 0 or any(is_real(e) for e in self.events))
         if done:
             self._detach()
+
+    def _nan_reference(self, event: dict, report) -> None:
+        """--nan: the float32 check the plain-mode re-run makes, after the step. A module whose own
+        code made the first non-finite value under fp16 autocast runs once more on the step's
+        inputs with autocast off; finite there means an fp16 overflow (AMP202), not a bug of the
+        code (AMP205). Only while the parameters are still finite (GradScaler skipped the step, so
+        they are the ones that made it)."""
+        if self._last_in is None or self.model is None or making_module(report.forward) is None:
+            return
+        args, kwargs, (device, ac_on, ac_dtype) = self._last_in
+        if not ac_on or ac_dtype != torch.float16:
+            return
+        model = self.model
+        try:
+            if _nonfinite_params(model):
+                return
+            self.hooks.detach()
+            self.rec.muted = True
+            with _state_restored(model):
+                reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
+        except Exception as exc:  # noqa: BLE001 - best effort: the AMP205 finding stands without it
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            reference = None
+        finally:
+            self.rec.muted = False
+            self.hooks = HookSet(model).attach()
+        if reference is not None:
+            event["reference"] = reference
 
     def _rerun_covered(self, step: dict) -> bool:
         """A re-run already looked at this step (and found it a calibration skip, or nothing)."""
