@@ -56,3 +56,25 @@ def test_resolve_gpu_never_refuses():
     gpu = hardware.resolve_gpu("Mystery Card")
     assert not gpu.known and gpu.warnings and gpu.fp16_fast and not gpu.bf16
     assert hardware.resolve_gpu("NVIDIA RTX 5060").arch == "Blackwell"  # a family, not a listed product
+
+
+def test_a_bare_name_sold_in_two_sizes_records_them_and_a_size_in_the_name_does_not():
+    bare = hardware.resolve_gpu("A100")
+    assert bare.memory_gb == 80 and bare.memory_sizes_gb == (40, 80)
+    assert bare.to_dict()["memory_sizes_gb"] == [40, 80]
+    sized = hardware.resolve_gpu("NVIDIA A100-SXM4-40GB")
+    assert sized.memory_gb == 40 and sized.memory_sizes_gb == ()
+    assert hardware.resolve_gpu("H100").memory_sizes_gb == ()  # one size when the name says H100
+
+
+def test_memory_advice_says_which_size_it_assumed_only_when_the_size_decides():
+    from troubleshooter import questionnaire as q
+
+    def warnings(gpu, params):
+        return q.decide(q.validate_answers({"gpu": gpu, "model_family": "transformer",
+                                            "params_millions": params})).warnings
+
+    assumed = [w for w in warnings("V100", 1500) if "assumed the 32 GB V100" in w]
+    assert assumed and "'V100 16GB'" in assumed[0]  # 24 GB of fp32 weights/grads/AdamW: fits 32, not 16
+    assert not any("assumed" in w for w in warnings("V100", 300))  # fits either size
+    assert not any("assumed" in w for w in warnings("V100 16GB", 1500))  # the size was given

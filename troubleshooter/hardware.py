@@ -6,7 +6,7 @@ questionnaire can reason about a GPU the user names without having one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -147,13 +147,15 @@ class ResolvedGpu:
     note: str = ""                   # what autocast does on this vendor's backend
     warnings: tuple[str, ...] = field(default_factory=tuple)
     model: GpuModel | None = None    # the gpus.yaml entry (peak TFLOP/s) when there is one
+    memory_sizes_gb: tuple[float, ...] = ()  # a bare 'A100': the sizes it was sold with (memory_gb assumed)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "vendor": self.vendor, "backend": self.backend, "architecture": self.arch,
                 "compute_capability": f"{self.cc[0]}.{self.cc[1]}" if self.cc else None,
                 "bf16": self.bf16, "fp16_fast": self.fp16_fast, "tensor_cores": self.tensor_cores,
                 "tf32": self.tf32, "fp8": self.fp8, "memory_gb": self.memory_gb,
-                "memory_from_name": self.memory_from_name, "known": self.known, "note": self.note,
+                "memory_from_name": self.memory_from_name, "memory_sizes_gb": list(self.memory_sizes_gb),
+                "known": self.known, "note": self.note,
                 "warnings": list(self.warnings)}
 
 
@@ -279,9 +281,11 @@ def resolve_gpu(text: str) -> ResolvedGpu:
         # A product variant the model table lumps with its base chip (H100 NVL vs H100) keeps its own size.
         variant = model is not None and product["name"] != model.name and product.get("memory_gb") is not None
         usual = product.get("memory_gb") if variant or model is None else model.memory_gb
-        return _nvidia(product["name"] if variant or model is None else model.name, cc,
-                       memory if from_name else usual, from_name, known=True,
-                       tensor_cores=product.get("tensor_cores"), warnings=size_warning, model=model)
+        gpu = _nvidia(product["name"] if variant or model is None else model.name, cc,
+                      memory if from_name else usual, from_name, known=True,
+                      tensor_cores=product.get("tensor_cores"), warnings=size_warning, model=model)
+        sizes = tuple(product.get("memory_variants_gb") or ())
+        return gpu if from_name or len(sizes) < 2 else replace(gpu, memory_sizes_gb=sizes)
     if model is not None:
         return _nvidia(model.name, parse_cc(model.cc), memory if from_name else model.memory_gb, from_name,
                        known=True, model=model)

@@ -206,6 +206,7 @@ class _Device:
     cc: tuple[int, int] | None = None
     backend_note: str = ""  # what autocast does on a non-NVIDIA backend
     warnings: tuple[str, ...] = ()
+    memory_sizes_gb: tuple[float, ...] = ()  # a bare 'A100': the sizes it was sold with
 
 
 def find_gpu(name: str) -> hardware.GpuModel | None:
@@ -222,7 +223,7 @@ def find_gpu(name: str) -> hardware.GpuModel | None:
 def _resolved_device(gpu: hardware.ResolvedGpu, note: str = "") -> _Device:
     return _Device(gpu.name, gpu.backend if gpu.backend in ("mps", "xpu") else "cuda", gpu.bf16, gpu.fp16_fast,
                    gpu.tensor_cores, gpu.memory_gb, gpu.arch, note, gpu.vendor, gpu.tf32, gpu.cc, gpu.note,
-                   gpu.warnings)
+                   gpu.warnings, gpu.memory_sizes_gb)
 
 
 def gpu_answer_from_device(name: str, capability: tuple[int, int] | None, memory_gb: float | None,
@@ -538,6 +539,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
             text += ("; with several GPUs, FSDP (multi_gpu: fsdp) also shards weights, gradients and optimizer "
                      "state, which DDP copies to every GPU")
         warnings.append(text)
+    need_gb = None
     if a["params_millions"] and dev.memory_gb and task in ("inference", "lora"):
         per_param = 4 if precision == "fp32" else 2
         need_gb = a["params_millions"] * 1e6 * per_param / 1e9
@@ -561,6 +563,11 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
                                        "or " + single)
             else:
                 warnings.append(text + ": on one GPU, " + single)
+    smallest = min(dev.memory_sizes_gb, default=None)
+    if need_gb is not None and smallest is not None and 0.8 * smallest < need_gb <= 0.8 * dev.memory_gb:
+        warnings.append(f"the memory advice assumed the {dev.memory_gb:g} GB {dev.name}; it was also sold with "
+                        f"{smallest:g} GB, where ~{need_gb:.0f} GB would not fit: give the size in the GPU answer "
+                        f"(e.g. '{dev.name} {smallest:g}GB') if yours is the smaller one")
     if a["bitexact_fp16"] and precision == "fp16":
         warnings.append("bit-exact reproduction also needs the same GPU model, PyTorch/cuDNN versions, seed, data "
                         "order and torch.use_deterministic_algorithms(True)")
