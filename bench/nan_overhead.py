@@ -25,17 +25,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from troubleshooter.engine import precision as prec  # noqa: E402
+from troubleshooter.engine.nanhooks import HookSet  # noqa: E402
 from troubleshooter.engine.nanhunt import nanhunt  # noqa: E402
 from troubleshooter.spec import SpecSource, load_workload  # noqa: E402
 
 # before: every module hooked (no passive-module rule; the state before the second issue-11.8 change)
 MODES = ("plain", "nanhunt", "nanhunt_before", "detect_anomaly")
+# --breakdown: where nanhunt's added time goes, timed in the same rounds: the hooks with no
+# arithmetic (every aminmax replaced by a placeholder: Python and hook dispatch only), and the
+# forward hooks alone (no gradient or parameter hooks)
+BREAKDOWN = ("nanhunt_no_arithmetic", "nanhunt_forward_only")
 DEFAULT_PRESET = "gpt:vocab_size=2048,d_model=128,n_layer=2,n_head=4,seq_len=64,batch_size=8"
 # the shapes of issue 11.8, measured side by side in one run by default: many small layers
 # (where per-hook costs dominate), a CNN, and the small GPT
 SHAPES = ("mlp:in_features=64,hidden=64,depth=24,num_classes=10,batch_size=32",
           "cnn:width=16,batch_size=16",
           DEFAULT_PRESET)
+
+
+class _HooksWithoutArithmetic(HookSet):
+    """The same hooks, slots and analysis, with no reduction: what is left is Python and hook
+    dispatch (only for --breakdown; the report it gives is meaningless)."""
+
+    def _reduce(self, step, t, measure=True):
+        return super()._reduce(step, t, measure=False)
 
 
 def _step(workload, model, opt, scaler, batch, precision, device) -> None:
@@ -58,7 +71,10 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
     hunt = None
     if mode.startswith("nanhunt"):
         hunt = nanhunt(model, log=False, scaler=scaler)
-        hunt.hooks.skip_passive_modules = mode == "nanhunt"
+        hunt.hooks.skip_passive_modules = mode != "nanhunt_before"
+        if mode == "nanhunt_no_arithmetic":
+            hunt.hooks.__class__ = _HooksWithoutArithmetic
+        hunt.hooks.backward = mode != "nanhunt_forward_only"
         hunt.attach()
     anomaly = torch.autograd.detect_anomaly() if mode == "detect_anomaly" else contextlib.nullcontext()
     times = []
@@ -79,7 +95,8 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
     return times
 
 
-def run(preset: str, device: str, precision: str, repeats: int, steps: int, warmup: int) -> dict:
+def run(preset: str, device: str, precision: str, repeats: int, steps: int, warmup: int,
+        modes: tuple[str, ...] = MODES) -> dict:
     device = prec.resolve_device(device)
     workload = load_workload(SpecSource.preset(preset))
     torch.manual_seed(0)
@@ -89,11 +106,11 @@ def run(preset: str, device: str, precision: str, repeats: int, steps: int, warm
     scaler = prec.make_scaler(precision, device)
     batch = workload.batch(device, seed=0)
     warnings.filterwarnings("ignore", message=".*[Aa]nomaly.*")
-    for mode in MODES:  # warm-up: allocator, autograd caches, first-call costs of each mode
+    for mode in modes:  # warm-up: allocator, autograd caches, first-call costs of each mode
         _time_block(mode, workload, model, opt, scaler, batch, precision, device, warmup)
-    per_mode: dict[str, list[float]] = {m: [] for m in MODES}
+    per_mode: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(repeats):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
             block = _time_block(mode, workload, model, opt, scaler, batch, precision, device, steps)
             per_mode[mode].append(statistics.median(block))
@@ -114,6 +131,19 @@ def run(preset: str, device: str, precision: str, repeats: int, steps: int, warm
     }
 
 
+def _breakdown_row(res: dict) -> str:
+    """One markdown row: nanhunt's added time split by the --breakdown modes of the same rounds."""
+    med = res["median_step_s"]
+    plain, ours = med["plain"], med["nanhunt"]
+
+    def ms(x: float) -> str:
+        return f"{x * 1e3:+.2f} ms"
+
+    return (f"| `{res['preset']}` | {ms(ours - plain)} | {ms(ours - med['nanhunt_no_arithmetic'])} | "
+            f"{ms(med['nanhunt_no_arithmetic'] - plain)} | {ms(ours - med['nanhunt_forward_only'])} | "
+            f"{ms(res['added_s']['detect_anomaly'] / 5)} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", action="append",
@@ -126,6 +156,9 @@ def main(argv=None) -> int:
                     help="CPU threads for torch (default: 1; on a loaded shared VM more threads "
                          "spin against each other and swamp the difference being measured)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up steps per mode (default: 2)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the hooks without arithmetic and the forward hooks alone in the "
+                         "same rounds, and print where nanhunt's added time goes")
     args = ap.parse_args(argv)
     precision = prec.check_precision(args.precision)
     if args.repeats < 1 or args.steps < 1 or args.threads < 1:
@@ -138,8 +171,11 @@ def main(argv=None) -> int:
     print("| model (preset) | params | plain ms/step | nanhunt added | before (all modules hooked) added "
           "| detect_anomaly added | ratio | ratio before | per-round ratios (median) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    modes = MODES + BREAKDOWN if args.breakdown else MODES
+    breakdown_rows = []
     for preset in args.preset or SHAPES:
-        res = run(preset, args.device, precision, args.repeats, args.steps, args.warmup)
+        res = run(preset, args.device, precision, args.repeats, args.steps, args.warmup, modes)
+        breakdown_rows.append(_breakdown_row(res) if args.breakdown else None)
         med, plain = res["median_step_s"], res["median_step_s"]["plain"]
 
         def added(mode):
@@ -153,6 +189,14 @@ def main(argv=None) -> int:
               f"{res['ratio_before']:.3f} | {spread} |", flush=True)
     print(f"\nratio = (nanhunt - plain) / (detect_anomaly - plain), target <= 0.2   "
           f"[{time.perf_counter() - t0:.0f} s]")
+    if args.breakdown:
+        print("\n| model (preset) | nanhunt added | of which arithmetic (aminmax) | of which Python and "
+              "dispatch | of which backward hooks | target (a fifth of detect_anomaly's) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for row in breakdown_rows:
+            print(row)
+        print("\narithmetic = nanhunt - no_arithmetic; backward hooks = nanhunt - forward_only "
+              "(gradient and parameter hooks with their arithmetic)")
     return 0
 
 
