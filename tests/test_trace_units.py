@@ -142,6 +142,9 @@ def test_an_overflow_inside_a_modules_own_code_is_amp202_when_float32_is_finite(
     assert f.data["first_nonfinite_output"] == "blocks.1.attn.proj" and "65504" in f.message
     [g] = analysis.numerics_findings({"events": [{**event, "reference": {**ref, "finite": False}}]}, [])
     assert (g.rule, g.location.module) == ("AMP205", "blocks.1.attn")  # NaN in float32 too: not an overflow
+    assert "float32_check" not in g.data
+    [h] = analysis.numerics_findings({"events": [event]}, [])  # no float32 run: overflow not ruled out
+    assert h.rule == "AMP205" and h.data["float32_check"] == "not run" and "not ruled out" in h.message
 
 
 def test_the_first_watched_call_keeps_its_keyword_arguments():
@@ -168,3 +171,34 @@ def test_the_first_watched_call_keeps_its_keyword_arguments():
     finally:
         num.close()  # also pops the loss watch armed when the forward returned
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_nan_mode_float32_check_skipped_on_nonfinite_parameters_keeps_one_set_of_hooks():
+    # --nan, fp16 without GradScaler: the optimizer already wrote NaN into the weights, so the
+    # float32 re-run is not the step's model and is skipped; the per-module hooks must stay as
+    # they were (not a second HookSet on top of the first)
+    from torch import nn
+
+    from troubleshooter.trace.numerics import Numerics
+    from troubleshooter.trace.recorder import Recorder
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+
+    def hook_count():
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+    num = Numerics(Recorder(steps=100), nan=True, headroom=False)
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(torch.ones(2, 3))
+        before = hook_count()
+        with torch.no_grad():
+            model[0].weight.fill_(float("nan"))
+        event = {}
+        report = type("Report", (), {"forward": {"inputs_finite": False,
+                                                 "source": "code in the forward() of '<root>' (Sequential)"}})()
+        num._nan_reference(event, report)
+        assert hook_count() == before and "reference" not in event
+    finally:
+        num.close()
+    assert hook_count() == 0 and torch._C._len_torch_function_stack() == 0

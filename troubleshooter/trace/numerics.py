@@ -3,12 +3,12 @@ the optimizer trains.
 
 With `--nan` the hooks are on from the first forward and analyse every step (device-side
 min/max, one host sync per step); the root call's inputs are kept, so a non-finite value made
-by a module's own code under fp16 gets the same float32 check as in plain mode. Without it only the model's outermost call is watched (its
-inputs kept, one hook capturing the gradient of its output): when a step without GradScaler has
-a non-finite loss or gradient, that step's forward (and backward from the captured output
-gradient) is re-run with the hooks on before the optimizer writes anything, with RNG state and
-buffers restored afterwards; when GradScaler skips a step (its parameters stay untouched), the
-hooks are attached for the next few steps instead.
+by a module's own code under fp16 gets the same float32 check as in plain mode. Without it only
+the model's outermost call is watched (its inputs kept, one hook capturing the gradient of its
+output): when a step without GradScaler has a non-finite loss or gradient, that step's forward
+(and backward from the captured output gradient) is re-run with the hooks on before the
+optimizer writes anything, with RNG state and buffers restored afterwards; when GradScaler skips
+a step (its parameters stay untouched), the hooks are attached for the next few steps instead.
 `--headroom` measures how many gradient elements the loss scale leaves below float16's range.
 """
 from __future__ import annotations
@@ -418,11 +418,11 @@ class Numerics:
         if not ac_on or ac_dtype != torch.float16:
             return
         model = self.model
+        if _nonfinite_params(model):  # the optimizer already wrote non-finite values: not the step's model
+            return
+        self.hooks.detach()
+        self.rec.muted = True
         try:
-            if _nonfinite_params(model):
-                return
-            self.hooks.detach()
-            self.rec.muted = True
             with _state_restored(model):
                 reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
         except Exception as exc:  # noqa: BLE001 - best effort: the AMP205 finding stands without it
