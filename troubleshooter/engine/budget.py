@@ -71,15 +71,16 @@ def no_room(deadline: float | None, next_step_s: float) -> bool:
 
 # ---------------------------------------------------------------- what a step costs here
 # A check must know what its next unit of work will cost *before* starting it, or the budget is
-# only a wish: one emulated fp16 step of a small GPT takes 12 s on a CPU without fp16
-# instructions. Measured steps are the best guide; before any, the workload's FLOPs over the
-# rate of a short GEMM probe in that dtype (fp16 GEMMs dominate an emulated fp16 step, so the
-# probe predicts it within ~10%; an fp32/bf16 step is never assumed cheaper than fp32 GEMMs).
+# only a wish: one fp16 step of a small GPT took 12 s in PyTorch's CPU fp16 kernels (0.4 s since
+# the check computes them in float32, lowp_emulation.py). Measured steps are the best guide;
+# before any, the workload's FLOPs over the rate of a short GEMM probe in that dtype, run under
+# the same emulation as the steps (GEMMs dominate a slow fp16 step, so the probe predicts it
+# within ~10%; an fp32/bf16 step is never assumed cheaper than fp32 GEMMs).
 
-# (m, k, n): ~0.05 s in emulated fp16; fp32/bf16 run a larger one (milliseconds), since a small
-# GEMM understates their rate 2-4x and would make every prediction needlessly pessimistic
+# (m, k, n): ~0.05 s in PyTorch's slow CPU fp16 kernels; the rest run a larger one (milliseconds),
+# since a small GEMM understates their rate 2-4x and would make every prediction pessimistic
 PROBE_SHAPE = {"fp16": (1024, 256, 256), "other": (1024, 512, 512)}
-_RATES: dict[tuple[str, str], float] = {}  # (device type, precision) -> FLOP/s, per process
+_RATES: dict[tuple[str, str, bool], float] = {}  # (device type, precision, emulated) -> FLOP/s, per process
 
 
 def gemm_rate(precision: str, device) -> float | None:
@@ -87,13 +88,16 @@ def gemm_rate(precision: str, device) -> float | None:
     step is cheap and needs no prediction). Measured once per process."""
     import torch
 
+    from .lowp_emulation import emulated
+
     dev = torch.device(device)
     if dev.type != "cpu":
         return None
-    key = (dev.type, precision)
+    fast = emulated(precision)  # the probe runs under the same emulation as the steps it predicts
+    key = (dev.type, precision, fast)
     if key not in _RATES:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
-        m, k, n = PROBE_SHAPE["fp16" if precision == "fp16" else "other"]
+        m, k, n = PROBE_SHAPE["fp16" if precision == "fp16" and not fast else "other"]
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(m, k, generator=gen).to(dtype)
         b = torch.randn(k, n, generator=gen).to(dtype)

@@ -19,6 +19,7 @@ from ..workload import Workload
 from . import precision as prec
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
+from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .training_step import is_oom, release
 
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
@@ -216,9 +217,14 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         budget.started -= max(0.0, time.time() - started_at)
     token = track_costs(StepCosts(workload.flops_per_step, dev))
     try:
-        return _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
+        with half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
+            result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
         untrack(token)
+    emulated = describe_emulation(emulation)
+    if emulated:
+        result["device"]["half_emulation"] = emulated
+    return result
 
 
 def _first_unit_s(name: str) -> float | None:

@@ -99,9 +99,17 @@ def budget_markdown(report: CheckReport | dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def emulation_markdown(report: CheckReport | dict) -> str:
+    """How half precision was computed on a CPU without instructions for it (empty otherwise)."""
+    emulated = (as_report(report).device or {}).get("half_emulation")
+    return f"Note: {esc(emulated['note'])}.\n" if isinstance(emulated, dict) and emulated.get("note") else ""
+
+
 def status_markdown(report: CheckReport | dict) -> str:
-    """The page's status box: the headline, what could not be verified, the budget."""
-    return "\n\n".join(x for x in (headline(report), not_verified_markdown(report), budget_markdown(report)) if x)
+    """The page's status box: the headline, what could not be verified, the budget, how half
+    precision was computed."""
+    parts = (headline(report), not_verified_markdown(report), budget_markdown(report), emulation_markdown(report))
+    return "\n\n".join(x for x in parts if x)
 
 
 def findings_markdown(report: CheckReport | dict) -> str:
