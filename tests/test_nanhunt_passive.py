@@ -194,3 +194,35 @@ def test_relu_output_is_not_reduced_again():
         assert rep.finite
         counts[skip] = rep.n_calls
     assert counts == {True: 3, False: 4}  # Linear, Linear, root (and the ReLU when hooked)
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_per_call_summary_gives_each_output_max_abs_on_finite_and_non_finite_steps(poison):
+    """`StepReport.calls` is built on first use, from the raw (min, max) pairs when the step was
+    finite and from the analysed values otherwise: both give each call's true max |output|,
+    through the alias of an unhooked ReLU too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    outputs = {}
+    handles = [m.register_forward_hook(lambda mod, i, o, n=n: outputs.__setitem__(n, o.detach().clone()))
+               for n, m in model.named_modules()]
+    if poison:
+        with torch.no_grad():
+            model[2].bias[1] = float("inf")
+    hooks = HookSet(model).attach()
+    try:
+        model(-torch.rand(4, 8) * 3).sum().backward()
+        rep = hooks.collect()
+    finally:
+        hooks.detach()
+        for h in handles:
+            h.remove()
+    assert rep.finite is not poison
+    summary = {c["module"]: c for c in rep.calls}
+    assert set(summary) == {"0", "2", ""}
+    assert summary["0"]["finite"] and summary["0"]["max_abs"] == pytest.approx(outputs["0"].abs().max().item())
+    assert summary["2"]["finite"] is not poison and summary[""]["finite"] is not poison
+    if not poison:
+        assert summary["2"]["max_abs"] == pytest.approx(outputs["2"].abs().max().item())
+        assert summary[""]["max_abs"] == summary["2"]["max_abs"]
+    assert rep.calls is rep.calls  # built once
