@@ -15,6 +15,7 @@ from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
 from .numerics import is_real, making_module
+from .precision import in_effect, not_in_effect_findings
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
 TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
@@ -285,6 +286,7 @@ def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
         findings.append(exception_finding(exc, explained))
     findings += time_limit_finding(raw)
     findings += exited_finding(raw)
+    findings += not_in_effect_findings(in_effect(raw))
     return findings
 
 

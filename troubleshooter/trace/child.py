@@ -95,7 +95,7 @@ class _Writer:
                 "violations": rec.violations, "numerics": self.numerics.result(),
                 "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
-                "scaler_steps": rec.scaler_steps, "device": _device_used(rec),
+                "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
                 "exit": exit_info, "final": exit_info is not None}
 
     def _write(self, exit_info: dict | None) -> None:
@@ -120,19 +120,14 @@ class _Writer:
 
 def _device_used(rec) -> dict:
     """The device of the parameters the optimizers update (what the script actually used)."""
-    for opt in list(rec.optimizers):
-        for group in opt.param_groups:
-            for p in group["params"]:
-                dev = p.device
-                name = dev.type
-                if dev.type == "cuda":
-                    import torch
-                    try:
-                        name = torch.cuda.get_device_name(dev)
-                    except Exception:  # noqa: BLE001
-                        pass
-                return {"type": dev.type, "index": dev.index, "name": name}
-    return {"type": None, "index": None, "name": None}
+    from .recorder import _device_of
+
+    found = rec.device_seen
+    for opt in list(rec.optimizers) if found is None else ():
+        found = _device_of(opt)
+        if found is not None:
+            break
+    return found or {"type": None, "index": None, "name": None}
 
 
 if __name__ == "__main__":

@@ -29,6 +29,15 @@ def is_user_file(filename: str) -> bool:
     return hit
 
 
+def short_path(path: str) -> str:
+    """A path relative to the current directory when it is below it (shorter in reports)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
 def user_frame(depth: int = 2) -> tuple[str | None, int | None, str | None]:
     """(path, line, function) of the innermost user frame above the caller."""
     frame = sys._getframe(depth)

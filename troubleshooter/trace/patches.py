@@ -9,6 +9,7 @@ script's behaviour is unchanged (apart from the stop after N steps).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -77,11 +78,30 @@ def _patch_optimizer_init(rec: Recorder) -> None:
     _wrap(torch.optim.Optimizer, "__init__", make)
 
 
+def _asked_enabled(signature, scaler, args: tuple, kwargs: dict) -> bool | None:
+    """The `enabled` the script passed to GradScaler (its default when not passed): torch turns a
+    scaler off on its own when its device is missing, and the report says when that happened."""
+    if signature is None:
+        return None
+    try:
+        bound = signature.bind(scaler, *args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    value = bound.arguments.get("enabled")
+    return bool(value) if isinstance(value, bool) else None
+
+
 def _patch_scaler(rec: Recorder, cls) -> None:
     def make_init(orig):
+        try:
+            signature = inspect.signature(orig)
+        except (TypeError, ValueError):
+            signature = None
+
         def __init__(self, *args, **kwargs):
             orig(self, *args, **kwargs)
-            rec.on_scaler_init(self)
+            rec.on_scaler_init(self, _asked_enabled(signature, self, args, kwargs))
         return __init__
 
     def make_scale(orig):

@@ -56,10 +56,14 @@ class Recorder:
         self.violations: list[dict] = []
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self.device_seen: dict | None = None  # device and dtype of the first trained parameters
         self.created_at: dict[int, tuple] = {}  # id(optimizer) -> where it was constructed
         self.half_at: dict[int, tuple] = {}  # id(param) -> where .half()/.to(float16) made it half
         self.checked_optimizers: set[int] = set()
         self.autocast_stack: list[tuple[str, str, bool]] = []
+        # what mixed precision the script asked for and got, for the report's "precision"
+        self.autocast_sites: dict[tuple[str, str, bool], dict] = {}  # (device, dtype, enabled) -> first site, count
+        self.scaler_sites: list[dict] = []  # per GradScaler made: where, device, enabled asked / in effect
         self.in_scaler_step: list[dict] = []  # frames of scaler.step calls in progress
         self.in_scheduler_init = 0
         self.in_tensor_backward = False
@@ -134,10 +138,28 @@ class Recorder:
         enabled = bool(getattr(ac, "_enabled", True))
         dev = getattr(ac, "device", "?")
         self.autocast_stack.append((dev, dtype, enabled))
+        self._count_autocast(dev, dtype, enabled)
         if enabled and dtype == "float16":
             self.fp16_autocast_since_step = True
         if len(self.timeline[-1]["events"]) < 8:  # the first few per step; a model may enter it per layer
             self.event("autocast", device=dev, dtype=dtype, enabled=enabled)
+
+    def _count_autocast(self, dev: str, dtype: str, enabled: bool) -> None:
+        key = (dev, dtype, enabled)
+        site = self.autocast_sites.get(key)
+        if site is None:  # the frame walk only for a kind not seen yet (a model may enter it per layer)
+            path, line, _ = user_frame(4)
+            site = self.autocast_sites[key] = {"device": dev, "dtype": dtype, "enabled": enabled,
+                                               "path": path, "line": line, "count": 0, "steps": set()}
+        site["count"] += 1
+        site["steps"].add(self.timeline[-1]["step"] if not self.open_next else self.steps)
+
+    def precision_seen(self) -> dict:
+        """The autocast regions entered (per device, dtype and whether enabled) and the
+        GradScalers made: what the report's "precision" section is built from."""
+        autocast = [{**{k: v for k, v in site.items() if k != "steps"}, "steps": len(site["steps"])}
+                    for site in self.autocast_sites.values()]
+        return {"autocast": autocast, "scalers": [dict(site) for site in self.scaler_sites]}
 
     def on_autocast_exit(self) -> None:
         if self.autocast_stack and not self.muted:
@@ -183,8 +205,12 @@ class Recorder:
                        "gradients flush to zero in float16", manual_update=True)
 
     # -- GradScaler ------------------------------------------------------------------------
-    def on_scaler_init(self, scaler) -> None:
+    def on_scaler_init(self, scaler, asked_enabled: bool | None = None) -> None:
         self.scalers.add(scaler)
+        if len(self.scaler_sites) < 8:
+            path, line, _ = user_frame(3)
+            self.scaler_sites.append({"path": path, "line": line, "device": str(getattr(scaler, "_device", "cuda")),
+                                      "enabled_asked": asked_enabled, "enabled": _scaler_enabled(scaler)})
 
     def on_scale(self, scaler, loss, out) -> None:
         if isinstance(out, torch.Tensor) and _scaler_enabled(scaler):
@@ -197,7 +223,7 @@ class Recorder:
 
     def on_unscale(self, scaler, optimizer) -> None:
         ev = self.event("scaler.unscale_")
-        self.optimizers.add(optimizer)
+        self._note_optimizer(optimizer)
         key = (id(scaler), id(optimizer))
         if _scaler_enabled(scaler):
             stage = self.scaler_stage.get(key)
@@ -216,7 +242,7 @@ class Recorder:
         if self.before_update is not None:
             self.before_update(self, optimizer)
         ev = self.event("scaler.step")
-        self.optimizers.add(optimizer)
+        self._note_optimizer(optimizer)
         if self.scaler_step_where is None and _scaler_enabled(scaler):
             self.scaler_step_where = {"path": ev["path"], "line": ev["line"]}
         key = (id(scaler), id(optimizer))
@@ -271,11 +297,19 @@ class Recorder:
             self.series[-1]["scale_after"] = after
 
     # -- optimizer -----------------------------------------------------------------------
+    def _note_optimizer(self, optimizer) -> None:
+        """Keep the optimizer (weakly) and, the first time, the device and dtype of what it
+        trains: read now, since a script stopped after N steps frees its optimizer with the
+        frames of its main() before the report is written."""
+        self.optimizers.add(optimizer)
+        if self.device_seen is None:
+            self.device_seen = _device_of(optimizer)
+
     def on_optimizer_init(self, optimizer) -> None:
         self.created_at.setdefault(id(optimizer), user_frame(3))
 
     def on_optimizer_pre(self, optimizer) -> None:
-        self.optimizers.add(optimizer)
+        self._note_optimizer(optimizer)
         if self.in_scaler_step:
             self.in_scaler_step[-1]["ran"] = True
             ev = self.in_scaler_step[-1]["ev"]
@@ -426,6 +460,20 @@ def _scaler_enabled(scaler) -> bool:
         return bool(scaler.is_enabled())
     except Exception:  # noqa: BLE001
         return False
+
+
+def _device_of(optimizer) -> dict | None:
+    """{"type", "index", "name", "param_dtype"} of the first parameter `optimizer` updates."""
+    for p in _params_of(optimizer):
+        dev = p.device
+        name = dev.type
+        if dev.type == "cuda":
+            try:
+                name = torch.cuda.get_device_name(dev)
+            except Exception:  # noqa: BLE001
+                pass
+        return {"type": dev.type, "index": dev.index, "name": name, "param_dtype": str(p.dtype).replace("torch.", "")}
+    return None
 
 
 def _params_of(optimizer):

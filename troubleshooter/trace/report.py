@@ -6,6 +6,8 @@ from typing import Any
 
 from ..findings import Finding, Severity, findings_to_markdown, has_problems, sort_key
 from ..jsonsafe import jsonable
+from .locate import short_path as _short
+from .precision import in_effect
 
 STATUS_TEXT = {
     "stopped": "stopped cleanly after the requested steps",
@@ -32,7 +34,10 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
     report = {
         "script": script,
         "argv": argv,
-        "device": {"requested": device_req, **(raw.get("device") or {"type": None, "index": None, "name": None})},
+        "device": {"requested": device_req, **{k: v for k, v in (raw.get("device") or {"type": None, "index": None,
+                                                                                   "name": None}).items()
+                                                 if k != "param_dtype"}},
+        "precision": in_effect(raw),
         "steps_observed": int(raw.get("steps_observed") or 0),
         "exit": {"status": exit_info.get("status"), "exception": exc, "code": exit_info.get("code"),
                  "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),
@@ -76,6 +81,20 @@ def _head(report: dict) -> str:
             + (f" after {ex['wall_s']:.1f} s" if isinstance(ex.get("wall_s"), (int, float)) else ""))
 
 
+def _precision_line(report: dict) -> str | None:
+    section = report.get("precision") or {}
+    return f"Precision in effect: {section['summary']}." if section.get("summary") else None
+
+
+def _clean_line(report: dict) -> str:
+    """What no finding means: a clean protocol, and whether mixed precision ran at all."""
+    section = report.get("precision") or {}
+    if section.get("mixed") is False and section.get("steps"):
+        return ("No findings, and no mixed precision ran: every traced step computed in "
+                f"{section.get('compute')}, so these steps say nothing about AMP on this script.")
+    return "No findings: the AMP protocol looked right on every traced step."
+
+
 def _scale_line(report: dict) -> str | None:
     scale = [s for s in report.get("scale") or [] if s is not None]
     if not scale:
@@ -85,22 +104,15 @@ def _scale_line(report: dict) -> str | None:
             + f"; skipped steps: {', '.join(map(str, skipped)) if skipped else 'none'}")
 
 
-def _short(path: str) -> str:
-    """A path relative to the current directory when it is below it (shorter in tables)."""
-    import os
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
 def render_text(report: dict) -> str:
     """The terminal report: header, findings with file:line, loss scale, exception."""
-    out = [_head(report), ""]
+    out = [_head(report)]
+    if _precision_line(report):
+        out.append(_precision_line(report))
+    out.append("")
     findings = report.get("findings") or []
     if not findings:
-        out.append("No findings: the AMP protocol looked right on every traced step.")
+        out.append(_clean_line(report))
     for f in findings:
         where = f"{_short(f['path'])}:{f['line']}" if f.get("path") else ""
         if f.get("module") is not None:
@@ -124,7 +136,12 @@ def render_markdown(report: dict) -> str:
     """For the app: the header, the findings table (marked as seen at run time), loss scale."""
     findings = [Finding.from_dict({**f, "path": _short(f["path"]) if f.get("path") else None})
                 for f in report.get("findings") or []]
-    parts = [_head(report), "", findings_to_markdown(findings, "Seen at run time")]
+    parts = [_head(report), ""]
+    if _precision_line(report):
+        parts += [_precision_line(report), ""]
+    parts.append(findings_to_markdown(findings, "Seen at run time"))
+    if not findings:
+        parts.append(_clean_line(report))
     line = _scale_line(report)
     if line:
         parts.append(line)
