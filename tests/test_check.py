@@ -1,6 +1,5 @@
 """The check orchestration and command: JSON contract, exit codes, failures kept per check."""
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -120,15 +119,8 @@ def test_clean_specs_stay_clean(capsys, spec):
     assert code == 0 and _seen(r) == set(), r["findings"]
 
 
-def test_overflow_spec_full_check_finds_fp16_overflow_at_layer_2_only(capsys, tmp_path):
-    shutil.copy(FIXTURES / "overflow.yaml", tmp_path / "overflow.yaml")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    with torch.no_grad():
-        model[2].weight.mul_(1e5)
-        model[2].bias.mul_(1e5)
-    torch.save(model.state_dict(), tmp_path / "weights.pt")
-    code, r = _cli_json(capsys, str(tmp_path / "overflow.yaml"), "--steps", "4", "--seed", "1")
+def test_overflow_spec_full_check_finds_fp16_overflow_at_layer_2_only(capsys, overflow_spec):
+    code, r = _cli_json(capsys, str(overflow_spec), "--steps", "4", "--seed", "1")
     assert code == 1
     seen = _seen(r)
     assert ("AMP202", "2", "fp16") in seen

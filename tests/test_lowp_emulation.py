@@ -1,7 +1,6 @@
 """Half precision computed in float32 on a CPU without half instructions: the same numbers as
 PyTorch's own CPU half kernels (to summation order), overflow kept, and the same findings."""
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -110,18 +109,6 @@ def _check_json(capsys, *argv):
 
 def _seen(result):
     return sorted((f["rule"], f["severity"], f["module"], f["precision"]) for f in result["findings"])
-
-
-@pytest.fixture
-def overflow_spec(tmp_path):
-    shutil.copy(FIXTURES / "overflow.yaml", tmp_path / "overflow.yaml")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    with torch.no_grad():
-        model[2].weight.mul_(1e5)
-        model[2].bias.mul_(1e5)
-    torch.save(model.state_dict(), tmp_path / "weights.pt")
-    return tmp_path / "overflow.yaml"
 
 
 @pytest.mark.parametrize("spec", ["overflow", "underflow"])
