@@ -139,3 +139,13 @@ def test_the_app_summary_says_when_no_mixed_precision_ran():
     mixed = summary_markdown({"script": "train.py", "steps_observed": 5, "exit": {"status": "stopped"},
                               "precision": in_effect(_raw([_region()]))})
     assert "Precision in effect: float16 autocast on cpu" in mixed
+
+
+def test_installed_packages_are_not_the_users_files(tmp_path):
+    """In a virtualenv site-packages is not below the stdlib path: typing_extensions' @deprecated
+    wrapper around torch.cuda.amp.GradScaler was taken for the line that made the scaler."""
+    from troubleshooter.trace.locate import is_user_file
+
+    assert not is_user_file(str(tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "typing_extensions.py"))
+    assert not is_user_file("/usr/lib/python3/dist-packages/transformers/trainer.py")
+    assert is_user_file(str(tmp_path / "project" / "train.py"))

@@ -1,5 +1,6 @@
-"""Where an event happened in the user's code: the innermost frame outside torch, this package
-and the standard library, so a finding points into whichever of the user's files made the call."""
+"""Where an event happened in the user's code: the innermost frame outside torch, this package,
+the standard library and installed packages, so a finding points into whichever of the user's
+files made the call."""
 from __future__ import annotations
 
 import os
@@ -13,18 +14,24 @@ _SKIP = tuple(sorted({
     os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,  # troubleshooter/
     os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep,
 }))
+# Installed third-party code (transformers' Trainer, typing_extensions' @deprecated wrapper around
+# torch.cuda.amp.GradScaler) is not the user's to fix: a finding points at the user's call into
+# it. Without a virtualenv site-packages sits below the stdlib path and was skipped with it; in a
+# virtualenv it was not, and a GradScaler was "made" in typing_extensions.py.
+_INSTALLED = {"site-packages", "dist-packages"}
 _cache: dict[str, bool] = {}
 
 
 def is_user_file(filename: str) -> bool:
-    """True for a file of the user's program (not torch, not us, not the stdlib, not `<string>`)."""
+    """True for a file of the user's program (not torch, not us, not the stdlib, not an installed
+    package, not `<string>`)."""
     hit = _cache.get(filename)
     if hit is None:
         if filename.startswith("<"):
             hit = False
         else:
             real = os.path.realpath(filename)
-            hit = not real.startswith(_SKIP) and "site-packages" + os.sep + "torch" + os.sep not in real
+            hit = not real.startswith(_SKIP) and not any(part in _INSTALLED for part in real.split(os.sep))
         _cache[filename] = hit
     return hit
 
