@@ -146,3 +146,16 @@ def test_a_two_row_token_type_table_is_not_told_to_pad_only_a_table_in_a_gemm_is
     found = _by_module(tied)
     assert "word" not in found and "token_type" not in found  # the tied nn.Linear reports the vocab
     assert found["head"].data["dimensions"][0]["dimension"] == "out_features (vocab)"
+
+
+def test_a_batch_size_whose_token_rows_are_aligned_is_not_a_finding():
+    """Batch 4 x 48 tokens (Llama's real case) gives 192-row GEMMs: padding the batch changes
+    nothing, so no finding; batch 3 x 15 tokens (45 rows) still gets one."""
+    aligned = check_alignment(cw.tiny_lm(vocab=128, d=32, heads=4, seq=16, batch_size=3))
+    rows = {(row["module"], row["dimension"]): row for row in aligned.to_list()}
+    assert rows[("<batch>", "batch_size")]["aligned"] is False
+    assert "already a multiple of 8" in rows[("<batch>", "batch_size")]["note"]
+    assert not [f for f in aligned.findings if f.location.module is None]
+    odd = check_alignment(cw.tiny_lm(vocab=128, d=32, heads=4, seq=15, batch_size=3))
+    (f,) = [f for f in odd.findings if f.location.module is None]
+    assert f.data["dimensions"][0]["dimension"] == "batch_size" and f.data["flops_share"] > 0.5
