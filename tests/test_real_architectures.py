@@ -1,4 +1,4 @@
-"""`check --python` on real architectures: Hugging Face BERT, GPT-2 and T5 built from their
+"""`check --python` on real architectures: Hugging Face BERT, GPT-2, T5 and Llama built from their
 configs (no weights downloaded), clean and with a planted fp16 fault. Real models bring what our
 own fixtures do not: additive attention masks, ModelOutput objects, a model computing its own
 loss, tied embeddings, custom Conv1D projections and tanh-GELU."""
@@ -26,7 +26,7 @@ def _serious(result):
             if f["severity"] in ("warning", "error")}
 
 
-@pytest.mark.parametrize("name", ["hf_bert_padded.py", "hf_gpt2.py", "hf_t5.py"])
+@pytest.mark.parametrize("name", ["hf_bert_padded.py", "hf_gpt2.py", "hf_t5.py", "hf_llama.py"])
 def test_a_clean_real_model_gets_no_warning_and_every_check_runs(capsys, name):
     code, r = _check(capsys, name)
     assert r["errors"] == {}, r["errors"]
@@ -36,6 +36,8 @@ def test_a_clean_real_model_gets_no_warning_and_every_check_runs(capsys, name):
     assert r["skiprate"]["summary"]["steps"] == 6 and r["skiprate"]["summary"]["skipped"] == 0
     for p in ("fp32", "fp16", "bf16"):
         assert r["nan"]["precisions"][p]["loss_finite"] is True
+    if name == "hf_llama.py":  # batch 4 x 48 tokens: every GEMM has 192 rows
+        assert not [f for f in r["findings"] if f["rule"] == "AMP201" and f["module"] is None]
 
 
 def test_a_planted_fp16_overflow_in_gpt2_is_found_in_its_block_and_cured_by_bf16(capsys):
