@@ -17,8 +17,9 @@ SMALL = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", 
 
 
 def _raw(autocast=(), scalers=(), device="cpu", param_dtype="float32", steps=5):
-    return {"steps_observed": steps, "device": {"type": device, "index": None, "name": device, "param_dtype": param_dtype},
-            "precision": {"autocast": [dict(a) for a in autocast], "scalers": [dict(s) for s in scalers]}}
+    return {"steps_observed": steps, "device": {"type": device, "index": None, "name": device},
+            "precision": {"autocast": [dict(a) for a in autocast], "scalers": [dict(s) for s in scalers],
+                          "param_dtype": param_dtype}}
 
 
 def _region(dtype="float16", device="cpu", enabled=True, count=5, line=20):

@@ -37,6 +37,7 @@ class AlignmentRow:
     multiple: int
     flops_share: float | None = None  # share of forward FLOPs in the layer this size shapes
     note: str | None = None  # why a misaligned size is only informational
+    shapes_gemm: bool = True  # False: no GEMM has this size as such (a finding would be wrong)
 
     @property
     def aligned(self) -> bool:
@@ -280,6 +281,7 @@ def _workload_rows(workload: Workload, trace: _Trace | None) -> list[AlignmentRo
         batch.flops_share = misaligned_rows / total if not batch.aligned else 0.0
     if not batch.aligned and trace is not None and trace.linear_rows and not misaligned_rows:
         # batch 4 x 48 tokens = 192 rows: the GEMMs are aligned whatever the batch size
+        batch.shapes_gemm = False
         batch.note = (f"every Linear's token dimension (batch x positions, e.g. "
                       f"{next(iter(trace.linear_rows.values()))}) is already a multiple of {HALF_MULTIPLE}")
     rows.append(batch)
@@ -368,7 +370,7 @@ def check_alignment(workload: Workload, device: torch.device | str = "cpu",
     rows += _workload_rows(workload, trace)
     by_module: dict[str, list[AlignmentRow]] = {}
     for r in rows:
-        if not r.aligned and not (r.module == "<batch>" and r.note):  # a batch size that shapes no GEMM
+        if not r.aligned and r.shapes_gemm:
             by_module.setdefault(r.module, []).append(r)
     findings = [_finding(m, bad[0].cls, bad, device) for m, bad in by_module.items()]
     findings = _group(findings)

@@ -59,7 +59,7 @@ class HalfOnFloat32(TorchDispatchMode):
         self.calls[name] = self.calls.get(name, 0) + 1
 
         def up(x: Any) -> Any:
-            return x.float() if isinstance(x, torch.Tensor) else x
+            return x.float() if isinstance(x, torch.Tensor) and x.dtype == dtype else x
 
         def down(x: Any) -> Any:
             return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x

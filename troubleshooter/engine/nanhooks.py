@@ -512,7 +512,7 @@ class HookSet:
         step, self._step = self._step, _Step()
         values = _to_host(step.vals)
         if all(map(math.isfinite, values)):  # the usual step: nothing to localise
-            return StepReport(None, None, False, partial(self._call_summary, step, values, None),
+            return StepReport(None, None, False, partial(self._finite_call_summary, step, values),
                               len(step.calls), len(step.grads), step.autocast)
         lo = values[0::2]
         hi = values[1::2]
@@ -528,17 +528,15 @@ class HookSet:
         return StepReport(fwd, bwd, loss_grad, partial(self._call_summary, step, finite, max_abs),
                           len(step.calls), len(step.grads), step.autocast)
 
-    def _call_summary(self, step: _Step, finite_or_values: list, max_abs: list[float] | None) -> list[dict]:
-        """Per call: module, whether its outputs are finite, their max |x|. `max_abs` None: the
-        step was all finite and `finite_or_values` holds the raw (min, max) pairs."""
-        if max_abs is None:
-            pairs = finite_or_values
-            max_abs = [max(-pairs[2 * i], pairs[2 * i + 1]) for i in range(len(pairs) // 2)]
-            for slot, source in step.alias.items():
-                max_abs[slot] = max_abs[source]
-            finite = [True] * len(max_abs)
-        else:
-            finite = finite_or_values
+    def _finite_call_summary(self, step: _Step, values: list[float]) -> list[dict]:
+        """`_call_summary` of an all-finite step, from its raw (min, max) pairs."""
+        max_abs = [max(-lo, hi) for lo, hi in zip(values[0::2], values[1::2])]
+        for slot, source in step.alias.items():  # in creation order, so chains resolve
+            max_abs[slot] = max_abs[source]
+        return self._call_summary(step, [True] * len(max_abs), max_abs)
+
+    def _call_summary(self, step: _Step, finite: list[bool], max_abs: list[float]) -> list[dict]:
+        """Per call: module, whether its outputs are finite, their max |x|."""
         return [{"module": self._names[c.module], "finite": all(finite[s] for s in c.outs),
                  "max_abs": max((max_abs[s] for s in c.outs), default=0.0)} for c in step.calls]
 

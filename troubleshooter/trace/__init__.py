@@ -30,6 +30,7 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     (an uploaded script next to its files); the CLI passes the current directory."""
     from ..explain import explain_log
     from . import analysis, report
+    from .precision import in_effect
     from .runner import device_env, run_child, validate_script
 
     if isinstance(args, str):
@@ -52,10 +53,11 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     explained = []
     if exc:
         explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
-    findings = analysis.all_findings(raw, explained)
+    precision = in_effect(raw)
+    findings = analysis.all_findings(raw, explained, precision)
     scale, skipped = analysis.scale_series(raw.get("series") or [])
     out = report.build(os.fspath(script), [os.fspath(script), *args], device, raw, findings, explained,
-                       nan, headroom, scale, skipped)
+                       nan, headroom, scale, skipped, precision)
     if progress is not None:
         progress(1.0, "trace finished")
     return out

@@ -15,7 +15,7 @@ from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
 from .numerics import is_real, making_module
-from .precision import in_effect, not_in_effect_findings
+from .precision import not_in_effect_findings
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
 TIME_LIMIT = ("AMP291", "trace-time-limit")  # the traced script was stopped by the time limit
@@ -274,7 +274,7 @@ def exception_finding(exc: dict, explained: list[dict]) -> Finding:
                    {"seen": SEEN, "exception": exc["type"], "related_rule": rule, "step": exc.get("step")})
 
 
-def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
+def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Finding]:
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
@@ -286,7 +286,7 @@ def all_findings(raw: dict, explained: list[dict]) -> list[Finding]:
         findings.append(exception_finding(exc, explained))
     findings += time_limit_finding(raw)
     findings += exited_finding(raw)
-    findings += not_in_effect_findings(in_effect(raw))
+    findings += not_in_effect_findings(precision)
     return findings
 
 

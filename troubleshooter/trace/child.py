@@ -120,14 +120,13 @@ class _Writer:
 
 def _device_used(rec) -> dict:
     """The device of the parameters the optimizers update (what the script actually used)."""
-    from .recorder import _device_of
+    from .recorder import device_of, first_param
 
-    found = rec.device_seen
-    for opt in list(rec.optimizers) if found is None else ():
-        found = _device_of(opt)
-        if found is not None:
-            break
-    return found or {"type": None, "index": None, "name": None}
+    if rec.device_seen is not None:
+        return rec.device_seen
+    params = (first_param(opt) for opt in list(rec.optimizers))
+    param = next((p for p in params if p is not None), None)
+    return device_of(param) if param is not None else {"type": None, "index": None, "name": None}
 
 
 if __name__ == "__main__":

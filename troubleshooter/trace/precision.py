@@ -26,12 +26,11 @@ def in_effect(raw: dict) -> dict[str, Any]:
     """The report's "precision" section: `compute` (e.g. "float16 autocast", "float32"),
     `mixed` (any half-precision compute seen), what was seen, and a one-line `summary`."""
     seen = raw.get("precision") or {}
-    dev = raw.get("device") or {}
-    device_type = dev.get("type")
+    device_type = (raw.get("device") or {}).get("type")
     steps = int(raw.get("steps_observed") or 0)
     autocast = list(seen.get("autocast") or [])
     scalers = list(seen.get("scalers") or [])
-    param_dtype = dev.get("param_dtype")
+    param_dtype = seen.get("param_dtype")
     active = [a for a in autocast if a.get("enabled") and a.get("dtype") in HALF
               and (device_type is None or a.get("device") == device_type)]
     if active:
@@ -55,11 +54,16 @@ def in_effect(raw: dict) -> dict[str, Any]:
             "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts)}
 
 
+def ran_without_mixed_precision(section: dict) -> bool:
+    """Steps were observed and none computed in half precision."""
+    return bool(section.get("steps")) and not section.get("mixed")
+
+
 def not_in_effect_findings(section: dict) -> list[Finding]:
     """AMP292 (info) when the script sets up mixed precision that did not run here: a GradScaler
     torch turned off, an autocast region entered disabled or for another device, or a scaler
     with no autocast at all. A script with no AMP code gets no finding (the summary says float32)."""
-    if section.get("mixed") or not section.get("steps"):
+    if not ran_without_mixed_precision(section):
         return []
     device = section.get("device") or "this device"
     reasons, first = [], None

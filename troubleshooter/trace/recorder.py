@@ -56,7 +56,8 @@ class Recorder:
         self.violations: list[dict] = []
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
-        self.device_seen: dict | None = None  # device and dtype of the first trained parameters
+        self.device_seen: dict | None = None  # the device of the first trained parameter
+        self.param_dtype: str | None = None  # and its dtype
         self.created_at: dict[int, tuple] = {}  # id(optimizer) -> where it was constructed
         self.half_at: dict[int, tuple] = {}  # id(param) -> where .half()/.to(float16) made it half
         self.checked_optimizers: set[int] = set()
@@ -159,7 +160,8 @@ class Recorder:
         GradScalers made: what the report's "precision" section is built from."""
         autocast = [{**{k: v for k, v in site.items() if k != "steps"}, "steps": len(site["steps"])}
                     for site in self.autocast_sites.values()]
-        return {"autocast": autocast, "scalers": [dict(site) for site in self.scaler_sites]}
+        return {"autocast": autocast, "scalers": [dict(site) for site in self.scaler_sites],
+                "param_dtype": self.param_dtype}
 
     def on_autocast_exit(self) -> None:
         if self.autocast_stack and not self.muted:
@@ -303,7 +305,10 @@ class Recorder:
         frames of its main() before the report is written."""
         self.optimizers.add(optimizer)
         if self.device_seen is None:
-            self.device_seen = _device_of(optimizer)
+            param = first_param(optimizer)
+            if param is not None:
+                self.device_seen = device_of(param)
+                self.param_dtype = str(param.dtype).replace("torch.", "")
 
     def on_optimizer_init(self, optimizer) -> None:
         self.created_at.setdefault(id(optimizer), user_frame(3))
@@ -462,18 +467,20 @@ def _scaler_enabled(scaler) -> bool:
         return False
 
 
-def _device_of(optimizer) -> dict | None:
-    """{"type", "index", "name", "param_dtype"} of the first parameter `optimizer` updates."""
-    for p in _params_of(optimizer):
-        dev = p.device
-        name = dev.type
-        if dev.type == "cuda":
-            try:
-                name = torch.cuda.get_device_name(dev)
-            except Exception:  # noqa: BLE001
-                pass
-        return {"type": dev.type, "index": dev.index, "name": name, "param_dtype": str(p.dtype).replace("torch.", "")}
-    return None
+def first_param(optimizer) -> torch.Tensor | None:
+    return next(iter(_params_of(optimizer)), None)
+
+
+def device_of(param: torch.Tensor) -> dict:
+    """{"type", "index", "name"} of the device a parameter lives on (a GPU by its name)."""
+    dev = param.device
+    name = dev.type
+    if dev.type == "cuda":
+        try:
+            name = torch.cuda.get_device_name(dev)
+        except Exception:  # noqa: BLE001
+            pass
+    return {"type": dev.type, "index": dev.index, "name": name}
 
 
 def _params_of(optimizer):

@@ -7,7 +7,7 @@ from typing import Any
 from ..findings import Finding, Severity, findings_to_markdown, has_problems, sort_key
 from ..jsonsafe import jsonable
 from .locate import short_path as _short
-from .precision import in_effect
+from .precision import ran_without_mixed_precision
 
 STATUS_TEXT = {
     "stopped": "stopped cleanly after the requested steps",
@@ -20,7 +20,8 @@ STATUS_TEXT = {
 
 
 def build(script: str, argv: list[str], device_req: str, raw: dict, findings: list[Finding],
-          explained: list[dict], nan: bool, headroom: bool, scale: list, skipped: list[int]) -> dict:
+          explained: list[dict], nan: bool, headroom: bool, scale: list, skipped: list[int],
+          precision: dict) -> dict:
     proc = raw.get("process") or {}
     exit_info = dict(raw.get("exit") or {})
     if not raw.get("final"):
@@ -34,10 +35,8 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
     report = {
         "script": script,
         "argv": argv,
-        "device": {"requested": device_req, **{k: v for k, v in (raw.get("device") or {"type": None, "index": None,
-                                                                                   "name": None}).items()
-                                                 if k != "param_dtype"}},
-        "precision": in_effect(raw),
+        "device": {"requested": device_req, **(raw.get("device") or {"type": None, "index": None, "name": None})},
+        "precision": precision,
         "steps_observed": int(raw.get("steps_observed") or 0),
         "exit": {"status": exit_info.get("status"), "exception": exc, "code": exit_info.get("code"),
                  "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),
@@ -89,7 +88,7 @@ def _precision_line(report: dict) -> str | None:
 def _clean_line(report: dict) -> str:
     """What no finding means: a clean protocol, and whether mixed precision ran at all."""
     section = report.get("precision") or {}
-    if section.get("mixed") is False and section.get("steps"):
+    if ran_without_mixed_precision(section):
         return ("No findings, and no mixed precision ran: every traced step computed in "
                 f"{section.get('compute')}, so these steps say nothing about AMP on this script.")
     return "No findings: the AMP protocol looked right on every traced step."

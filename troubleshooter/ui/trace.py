@@ -136,9 +136,11 @@ def summary_markdown(result: dict) -> str:
     lines = [f"**Ran {common.md_escape(result.get('script', 'the script'))}** on {result.get('device', '?')}: "
              f"{result.get('steps_observed', 0)} step(s) observed, exit: {common.md_escape(status)}; "
              f"{n} finding{'s' if n != 1 else ''} {SEEN_AT_RUN_TIME} (added to the table)."]
+    from ..trace.precision import ran_without_mixed_precision
+
     precision = result.get("precision") or {}
     if precision.get("summary"):
-        note = "" if precision.get("mixed") or not precision.get("steps") else " (no mixed precision ran)"
+        note = " (no mixed precision ran)" if ran_without_mixed_precision(precision) else ""
         lines.append(f"Precision in effect{note}: {common.md_escape(precision['summary'])}.")
     if ex.get("exception"):
         lines.append(common.error_markdown(str(ex["exception"]), title="The script stopped with"))
