@@ -12,10 +12,10 @@ class ScalerNeverScales(Rule):
     summary = ("A GradScaler whose `update()` or `unscale_()` runs although nothing in the file scales a loss with "
                "it (`loss.backward()`, `optimizer.step()`, `scaler.update()`).")
     why = ("A GradScaler gets its scale on the first `scaler.scale(loss)`. `update()` and `unscale_()` on a scaler "
-           "that never scaled raise `AssertionError: Attempted update but _scale is None` (or `unscale_`) at the "
+           "that never scaled raise `AssertionError: Attempted update but _scale is None` (or `unscale_`) on the "
            "first training step (torch/amp/grad_scaler.py, checked on torch 2.13; earlier releases assert the "
-           "same). Where CUDA is absent a \"cuda\" scaler disables itself with a warning and the calls do nothing: "
-           "the run then trains in plain precision, and fp16 gradients, unscaled, underflow.")
+           "same). They do nothing only where the scaler is off: `enabled=False`, or a \"cuda\" scaler on a "
+           "machine without CUDA, which disables itself with a warning.")
     example_bad = """
 scaler = torch.amp.GradScaler("cuda")
 with torch.autocast("cuda", dtype=torch.float16):
