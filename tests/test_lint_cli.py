@@ -121,7 +121,7 @@ def test_cli_diff_and_fix(tmp_path, capsys):
     p = tmp_path / "t.py"
     p.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
     code, out, _ = run(capsys, "lint", str(p), "--diff")
-    assert code == 0 and '+scaler = torch.amp.GradScaler("cuda")' in out
+    assert code == 1 and '+scaler = torch.amp.GradScaler("cuda")' in out  # 1: --diff would change something
     assert "torch.cuda.amp" in p.read_text()
     code, out, _ = run(capsys, "lint", str(p), "--fix")
     assert code == 0 and p.read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'

@@ -11,7 +11,7 @@ from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .edits import Fix
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, iter_inputs, strip_ipython
+from .source import LintError, SourceUnit, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -198,15 +198,9 @@ def lint_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> Lin
 
 def lint_paths(paths: list[str], select=None, ignore=None) -> LintReport:
     """Lint files, notebooks, directories (recursively) and `-` (stdin); unreadable ones become errors."""
-    rules = active_rules(select, ignore)
-    report = LintReport()
-    for _path, item in iter_inputs(list(paths)):
-        if isinstance(item, LintError):
-            report.errors.append(item)
-            report.files += 1
-        else:
-            report.extend(lint_unit(item, rules))
-    return report
+    from .runner import lint_inputs  # the one loop over inputs, shared with the CLI's cached runs
+
+    return lint_inputs(paths, active_rules(select, ignore))
 
 
 def all_rules() -> list[Rule]:
