@@ -160,3 +160,18 @@ def test_cache_folder_default_place_and_no_cache(tmp_path, capsys, monkeypatch):
     (tmp_path / "ro" / "cache").write_text("a file where the folder should be")
     assert main(["lint", "a.py", "--cache-dir", str(tmp_path / "ro" / "cache")]) == 0
     assert "cannot write the lint cache" in capsys.readouterr().err
+
+
+def test_a_fix_that_would_not_parse_is_refused():
+    """The safety net under every fix: the statements an edit touches must still parse."""
+    import ast
+
+    from troubleshooter.lint.analysis import FileModel
+    from troubleshooter.lint.edits import Edit
+    from troubleshooter.lint.fix import _still_parses
+
+    text = "import torch\n\n\ndef f(opt):\n    opt.step()\n\n\nx = 1\n"
+    model = FileModel(ast.parse(text), text)
+    assert _still_parses(model, text, [Edit(5, 5, 5, 15, "scaler.step(opt)")])
+    assert not _still_parses(model, text, [Edit(5, 5, 5, 15, "scaler.step(opt")])
+    assert not _still_parses(model, text, [Edit(6, 1, 6, 1, "  )")])  # between statements: the whole file

@@ -111,7 +111,7 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> str:
 def compatible_fixes(fixes: Iterable[Fix]) -> list[Fix]:
     """The fixes that can be made together, first come first served: one whose edits touch another's
     span is left for a later run (as ruff does), so no two fixes ever rewrite the same text."""
-    taken: list[tuple[int, int, int, int]] = []
+    taken: list[tuple[int, int, int, int, int]] = []  # (cell, line, column, end line, end column)
     out = []
     for fix in fixes:
         spans = [(e.cell or 0, e.line, e.column, e.end_line, e.end_column) for e in fix.edits]

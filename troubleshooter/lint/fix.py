@@ -75,29 +75,54 @@ def finding_fixes(model: FileModel, text: str, located: list[tuple[int, Finding]
     """Each finding's safe fix, made alone, keyed by `finding_key`.
 
     `located` pairs each finding with the line of `text` it was found on; `locate(line)` turns a
-    line of `text` into (cell, line in cell) for notebooks, so edits are placed in their cell."""
+    line of `text` into (cell, line in cell) for notebooks, so edits are placed in their cell. A fix
+    must leave code that parses: the fixes that fit together are checked with one parse of the
+    file, the others (and all of them when that parse fails) one by one."""
     want = {(f.rule, line, f.location.column): f for line, f in located}
     if not want:
         return {}
     src = _Source(text)
     fixer = Fixer(model, src)
-    out: dict[tuple, Fix] = {}
+    found: dict[tuple, tuple[Fix, list[Edit]]] = {}  # key -> (the fix, its edits on `text`)
     for rule in rules:
         if not rule.fixable or not any(r == rule.id for r, _, _ in want):
             continue
         for hit in rule.check(model):
             line_text = src.lines[hit.line - 1] if 0 < hit.line <= len(src.lines) else ""
             finding = want.get((rule.id, hit.line, char_col(line_text, hit.col)))
-            if finding is None or finding_key(finding) in out:
+            if finding is None or finding_key(finding) in found:
                 continue
             fixer.edits = []
             if not rule.apply_fix(fixer, hit) or not fixer.edits:
                 continue
             edits = _positions(src, fixer.edits, locate)
-            if edits is None or not _parses(apply_edits(text, _in_text(src, fixer.edits))):
-                continue
-            out[finding_key(finding)] = Fix(finding.suggestion, edits)
-    return out
+            if edits is not None:
+                found[finding_key(finding)] = (Fix(finding.suggestion, edits), _in_text(src, fixer.edits))
+    chosen = {id(fix) for fix in compatible_fixes(fix for fix, _ in found.values())}
+    together = {k for k, (fix, _) in found.items() if id(fix) in chosen}
+    if together and not _still_parses(model, text, [e for k in together for e in found[k][1]]):
+        together = set()
+    return {k: fix for k, (fix, raw) in found.items() if k in together or _still_parses(model, text, raw)}
+
+
+def _still_parses(model: FileModel, text: str, edits: list[Edit]) -> bool:
+    """Does `text` with the edits still parse? Only the top-level statements the edits fall in are
+    parsed again (each alone: a module's statements parse independently), not the whole file."""
+    spans = [(min([st.lineno, *(d.lineno for d in getattr(st, "decorator_list", ()))]), st.end_lineno)
+             for st in model.tree.body]
+    regions: dict[tuple[int, int], list[Edit]] = {}
+    for e in edits:
+        span = next(((a, b) for a, b in spans if a <= e.line and e.end_line <= b), None)
+        if span is None:  # between statements: judge the whole file
+            return _parses(apply_edits(text, edits))
+        regions.setdefault(span, []).append(e)
+    lines = split_lines(text)
+    for (a, b), inside in regions.items():
+        snippet = "".join(lines[a - 1:b])
+        moved = [Edit(e.line - a + 1, e.column, e.end_line - a + 1, e.end_column, e.content) for e in inside]
+        if not _parses(apply_edits(snippet, moved)):
+            return False
+    return True
 
 
 def attach_fixes(report, unit: SourceUnit, model: FileModel, rules) -> None:
