@@ -101,28 +101,33 @@ def _lint(paths: list[str], config, args: argparse.Namespace, cached: bool = Tru
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lint.output import FORMATS, format_statistics
-
     config = _settings(args)
     paths = _paths(args)
     if args.fix or args.diff or args.add_noqa:
         return _rewrite(args, config, paths)
     report = _lint(paths, config, args)
+    _print(report, args)
+    return _exit(report, args)
+
+
+def _print(report, args: argparse.Namespace) -> None:
+    from ..lint.output import FORMATS, format_statistics
+
     if args.statistics:
         sys.stdout.write(format_statistics(report, as_json=args.format in ("json", "json-lines")))
     else:
         sys.stdout.write(FORMATS[args.format](report))
-    return _exit(report, args)
 
 
 def _rewrite(args: argparse.Namespace, config, paths: list[str]) -> int:
     """--diff / --fix / --add-noqa: rewrite each input (what is certainly safe), then report what is left."""
     from ..lint.engine import active_rules
-    from ..lint.output import FORMATS
     from ..lint.runner import named_stdin
     from ..lint.source import LintError, iter_inputs
 
     active_rules(config.select, config.ignore)  # validate ids before touching files
+    if "-" in paths and len(paths) > 1 and not args.diff:
+        raise UserError("--fix and --add-noqa turn stdin (-) into a filter: give it alone, without other PATHs")
     changed = unreadable = 0
     for path, item in iter_inputs(paths):
         name = path
@@ -149,11 +154,11 @@ def _rewrite(args: argparse.Namespace, config, paths: list[str]) -> int:
         _write(path, new_text, item.raw is None)
         print(f"{name}: {what}", file=sys.stderr)
     if args.diff:
-        return 2 if unreadable else (1 if changed else 0)
+        return 2 if unreadable else (1 if changed and not args.exit_zero else 0)
     if args.add_noqa:
         return 2 if unreadable else 0
     report = _lint(paths, config, args, cached=False)
-    sys.stdout.write(FORMATS[args.format](report))
+    _print(report, args)
     return _exit(report, args)
 
 
