@@ -89,6 +89,8 @@ def test_stdin_and_rules_listing(capsys, monkeypatch):
     listed = json.loads(out)
     assert [r["id"] for r in listed] == [rule.id for rule in RULES]
     assert all(r["summary"] and r["why"] and r["severity"] in ("error", "warning", "info") for r in listed)
+    assert [r["url"].rsplit("/", 1)[1] for r in listed] == [f"{rule.id}.md" for rule in RULES]
+    assert {r["id"] for r in listed if r["fixable"]} == {rule.id for rule in RULES if rule.fixable}
 
 
 def test_fix_text_rewrites_deprecated_api_and_inserts_unscale():

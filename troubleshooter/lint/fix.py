@@ -107,7 +107,15 @@ def finding_fixes(model: FileModel, text: str, located: list[tuple[int, Finding]
 
 def _still_parses(model: FileModel, text: str, edits: list[Edit]) -> bool:
     """Does `text` with the edits still parse? Only the top-level statements the edits fall in are
-    parsed again (each alone: a module's statements parse independently), not the whole file."""
+    parsed again (each alone: a module's statements parse independently), not the whole file.
+    Edits that collide or fall outside the text are no fix either."""
+    try:
+        return _regions_parse(model, text, edits)
+    except ValueError:
+        return False
+
+
+def _regions_parse(model: FileModel, text: str, edits: list[Edit]) -> bool:
     spans = [(min([st.lineno, *(d.lineno for d in getattr(st, "decorator_list", ()))]), st.end_lineno)
              for st in model.tree.body]
     regions: dict[tuple[int, int], list[Edit]] = {}
