@@ -97,6 +97,11 @@ def test_junit_xml_has_the_structure_ci_systems_parse(capsys, monkeypatch, expec
     assert all(c.find("system-out").text.startswith("info: ") for c in infos)
     (error,) = [c.find("error") for c in cases if c.find("error") is not None]
     assert "syntax error" in error.get("message")
+    from troubleshooter.lint.engine import LintReport
+    from troubleshooter.lint.junit import format_junit
+    from troubleshooter.lint.source import LintError
+    odd = format_junit(LintReport(errors=[LintError("odd\x0bname.py", "control \x01 character")]))
+    assert ET.fromstring(odd.split("\n", 1)[1]).find("testsuite").get("name") == "odd\ufffdname.py"
     code, out = lint_cli(capsys, monkeypatch, f"{FIXTURES}/good_AMP101.py", "--format", "junit")
     clean = ET.fromstring(out.out.split("\n", 1)[1])
     assert code == 0 and clean.get("tests") == "1" and clean.get("failures") == "0"

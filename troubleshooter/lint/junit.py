@@ -7,6 +7,7 @@ not be linted is a test case with an <error>. With nothing to report, one passin
 """
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from itertools import groupby
 
@@ -14,21 +15,26 @@ from .docs import rule_url
 from .engine import LintReport
 
 TOOL = "amp-troubleshooter"
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
+
+
+def _xml(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
 
 
 def _suite(parent: ET.Element, name: str, cases: list[tuple[dict, str | None, dict | None]]) -> tuple[int, int]:
     """cases: (testcase attributes, text for <system-out>, failure/error element spec)."""
     failures = sum(1 for *_, bad in cases if bad and bad["tag"] == "failure")
     errors = sum(1 for *_, bad in cases if bad and bad["tag"] == "error")
-    suite = ET.SubElement(parent, "testsuite", name=name, tests=str(len(cases)), failures=str(failures),
+    suite = ET.SubElement(parent, "testsuite", name=_xml(name), tests=str(len(cases)), failures=str(failures),
                           errors=str(errors), skipped="0")
     for attrs, out, bad in cases:
-        case = ET.SubElement(suite, "testcase", attrs)
+        case = ET.SubElement(suite, "testcase", {k: _xml(v) for k, v in attrs.items()})
         if bad:
-            el = ET.SubElement(case, bad["tag"], message=bad["message"], type=bad["type"])
-            el.text = bad["text"]
+            el = ET.SubElement(case, bad["tag"], message=_xml(bad["message"]), type=bad["type"])
+            el.text = _xml(bad["text"])
         if out:
-            ET.SubElement(case, "system-out").text = out
+            ET.SubElement(case, "system-out").text = _xml(out)
     return failures, errors
 
 
