@@ -160,6 +160,8 @@ def test_cache_folder_default_place_and_no_cache(tmp_path, capsys, monkeypatch):
     (tmp_path / "ro" / "cache").write_text("a file where the folder should be")
     assert main(["lint", "a.py", "--cache-dir", str(tmp_path / "ro" / "cache")]) == 0
     assert "cannot write the lint cache" in capsys.readouterr().err
+    assert main(["lint", "a.py", "--cache-dir", "."]) == 0  # a project folder is never used (nor pruned) as a cache
+    assert "not a lint cache" in capsys.readouterr().err and not (tmp_path / ".gitignore").exists()
 
 
 def test_a_fix_that_would_not_parse_is_refused():

@@ -129,6 +129,10 @@ class LintCache:
         """Create the folder with its .gitignore and CACHEDIR.TAG; drop other tool versions' results."""
         if self._ready:
             return
+        tag = self.root / "CACHEDIR.TAG"
+        ours = tag.is_file() and "amp-troubleshooter" in tag.read_text(encoding="utf-8", errors="replace")
+        if not ours and self.root.is_dir() and any(self.root.iterdir()):  # never litter or prune a user's folder
+            raise OSError(f"{self.root} holds other files and is not a lint cache; name a new or empty folder")
         self.folder.mkdir(parents=True, exist_ok=True)
         for name, text in ((".gitignore", "# Made by amp-troubleshooter lint: a cache, never committed.\n*\n"),
                            ("CACHEDIR.TAG", _TAG)):
