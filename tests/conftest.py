@@ -34,3 +34,18 @@ def overflow_spec(tmp_path):
         model[2].bias.mul_(1e5)
     torch.save(model.state_dict(), tmp_path / "weights.pt")
     return tmp_path / "overflow.yaml"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lint_cache_outside_the_checkout(tmp_path_factory):
+    """`lint` caches results beside the project (.amp_troubleshooter_cache): in tests, in a temporary folder."""
+    import os
+
+    folder = tmp_path_factory.mktemp("lint-cache")
+    old = os.environ.get("AMP_TROUBLESHOOTER_CACHE_DIR")
+    os.environ["AMP_TROUBLESHOOTER_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("AMP_TROUBLESHOOTER_CACHE_DIR", None)
+    else:
+        os.environ["AMP_TROUBLESHOOTER_CACHE_DIR"] = old
