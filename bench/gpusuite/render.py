@@ -62,7 +62,7 @@ def _section(sec: dict, dry: bool) -> list[str]:
     status = STATUS_WORD.get(sec["status"], sec["status"])
     head = f"### {sec['title']} (`{sec['name']}`){' · cpu dry run' if dry else ''}"
     lines = [head, ""]
-    took = f", {sec['elapsed_s']:.0f} s" if sec.get("elapsed_s") is not None else ""
+    took = f", {sec['elapsed_s']:.1f} s" if sec.get("elapsed_s") is not None else ""
     lines.append(f"Status: **{status}**{took}" + (f". {sec['reason']}" if sec.get("reason") else ""))
     if sec.get("error"):
         e = sec["error"]

@@ -36,7 +36,7 @@ SECTIONS = (
             "nanhunt vs plain vs detect_anomaly on GPT-2 small"),
     Section("trace", "trace on the GPU", trace.run, 45, "trace on generated recipes and nanoGPT's train.py"),
     Section("app", "The app through gradio_client", app.run, 60,
-            "a check and two queued speedups through the API (needs gradio)"),
+            "a check and two queued speedups through the API (needs gradio)", waits=True),
     Section("speedup_compile", "Speedup check with torch.compile", speed.run_speedup_compiled, 180,
             "speedup --compile on GPT-2 small and cnn (fp32, bf16), twice each"),
     Section("recipe_compile", "Recipe throughput with torch.compile", training.run_recipe_compiled, 90,
