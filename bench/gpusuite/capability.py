@@ -30,8 +30,12 @@ def torch_answers(device: str) -> dict:
     """What torch itself says about the device."""
     import torch
 
+    try:  # raises once the legacy and the per-backend TF32 switches were mixed (torch >= 2.9)
+        global_precision = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        global_precision = None
     out: dict = {"cuda_version": torch.version.cuda, "fp8_dtype": hasattr(torch, "float8_e4m3fn"),
-                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                 "float32_matmul_precision": global_precision,
                  "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
                  "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     matmul = torch.backends.cuda.matmul
