@@ -290,8 +290,12 @@ def test_without_a_gpu_the_suite_measures_nothing_unless_told_to_dry_run(tmp_pat
     gpu_suite = _bench("gpu_suite")
     assert gpu_suite.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err and not (tmp_path / "gpu_suite.json").exists()
-    assert gpu_suite.main(["--dry-run-cpu", "--out", str(tmp_path), "--only", "magic"]) == 2
-    assert "unknown section(s) magic" in capsys.readouterr().err
+    assert gpu_suite.main(["--dry-run-cpu", "--out", str(tmp_path), "--only", "trace,magic"]) == 2
+    assert "unknown section(s) magic:" in capsys.readouterr().err
+    sections = _bench("gpusuite.sections")
+    assert [s.name for s in sections.select(["trace", "check"], None)] == ["env", "check", "trace"]
+    assert [s.name for s in sections.select(None, ["app", "env"])][:2] == ["env", "capability"]
+    assert "app" not in [s.name for s in sections.select(None, ["app"])]
 
 
 def test_a_preset_loads_without_pydantic(monkeypatch):

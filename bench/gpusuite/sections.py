@@ -34,6 +34,8 @@ SECTIONS = (
             "generated fp32/bf16/fp16 loops on GPT-2 small: tokens/s, vs fp32, MFU"),
     Section("nan_overhead", "NaN hunt overhead", training.run_nan_overhead, 25,
             "nanhunt vs plain vs detect_anomaly on GPT-2 small"),
+    Section("profile", "Where a bf16 step's time goes", speed.run_profile, 20,
+            "torch.profiler on GPT-2 small's bf16 training step: top ops, kernel time vs wall time"),
     Section("trace", "trace on the GPU", trace.run, 45, "trace on generated recipes and nanoGPT's train.py"),
     Section("app", "The app through gradio_client", app.run, 60,
             "a check and two queued speedups through the API (needs gradio)", waits=True),
@@ -47,7 +49,7 @@ NAMES = tuple(s.name for s in SECTIONS)
 
 def select(only: list[str] | None, skip: list[str] | None) -> list[Section]:
     """The sections to run (env always), in suite order; unknown names raise ValueError."""
-    unknown = sorted(set(only or []) | set(skip or []) - set(NAMES))
+    unknown = sorted((set(only or []) | set(skip or [])) - set(NAMES))
     if unknown:
         raise ValueError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(NAMES)}")
     chosen = [s for s in SECTIONS if (not only or s.name in only or s.name == "env") and s.name not in (skip or [])]

@@ -42,6 +42,7 @@ class Sizes:
     reference_min_run_s: float
     matmul_sizes: tuple[int, ...]  # bf16 ceiling at each; the other dtypes at the middle one
     matmul_iters: int
+    profile_model: tuple[str, str]  # (label, preset) whose bf16 step is profiled
     nan_preset: str
     nan_precision: str
     nan_repeats: int
@@ -81,6 +82,7 @@ GPU = Sizes(
     reference_min_run_s=4.0,
     matmul_sizes=(4096, 8192, 16384),
     matmul_iters=20,
+    profile_model=("GPT-2 small", GPT2),
     nan_preset=GPT2,
     nan_precision="bf16",
     nan_repeats=5,
@@ -119,6 +121,7 @@ DRY_RUN = Sizes(
     reference_min_run_s=0.1,
     matmul_sizes=(64, 128),
     matmul_iters=2,
+    profile_model=("GPT-2 small (tiny stand-in)", TINY_GPT),
     nan_preset=TINY_GPT,
     nan_precision="fp32",
     nan_repeats=2,

@@ -141,3 +141,69 @@ def run_speedup_compiled(ctx, res) -> None:
     if ctx.dry_run:
         res.note("cpu dry run: torch.compile is called with TorchDynamo disabled (the models run eagerly)")
     run_speedup(ctx, res, compile_=True)
+
+
+def _self_time_us(event, cuda: bool) -> float:
+    """An op's own time: on the GPU (its kernels) where there is one, else on the CPU."""
+    if cuda:
+        return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
+    return float(event.self_cpu_time_total)
+
+
+def run_profile(ctx, res) -> None:
+    """Where a bf16 training step of GPT-2 small spends its time (torch.profiler), beside the step's
+    unprofiled wall time: kernel time well below the wall time means the host is the limit."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from troubleshooter.engine import precision as prec
+    from troubleshooter.engine.speedup import _quiet_native_stderr
+    from troubleshooter.engine.training_step import build, training_step
+    from troubleshooter.spec import SpecSource, load_workload
+
+    label, preset, steps = ctx.sizes.profile_model + (3,)
+    dev = torch.device(ctx.device)
+    cuda = dev.type == "cuda"
+    with res.step(f"{label}: bf16 steps under torch.profiler"):
+        workload = load_workload(SpecSource.preset(preset))
+        model, opt = build(workload, dev, 0)
+        scaler = prec.make_scaler("bf16", dev)
+        batch = workload.batch(dev, seed=0)
+
+        def step():
+            training_step(workload, model, opt, scaler, batch, "bf16", dev)
+
+        for _ in range(2):  # warm-up
+            step()
+        prec.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        prec.synchronize(dev)
+        wall_ms = (time.perf_counter() - t0) / steps * 1e3
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        prof = profile(activities=activities)
+        with _quiet_native_stderr():  # the profiler's native layer logs its start and stop there
+            prof.__enter__()
+        try:
+            for _ in range(steps):
+                step()
+            prec.synchronize(dev)
+        finally:
+            with _quiet_native_stderr():
+                prof.__exit__(None, None, None)
+        events = [e for e in prof.key_averages() if _self_time_us(e, cuda) > 0]
+        total_us = sum(_self_time_us(e, cuda) for e in events)
+        top = sorted(events, key=lambda e: _self_time_us(e, cuda), reverse=True)[:15]
+        res.table(f"{label}, bf16 training step: the 15 ops with the most {'GPU' if cuda else 'CPU'} time",
+                  ["op", "calls per step", "ms per step", "share"],
+                  [[e.key, e.count / steps, _self_time_us(e, cuda) / steps / 1e3, _self_time_us(e, cuda) / total_us]
+                   for e in top],
+                  note=f"{'kernel' if cuda else 'CPU op'} time per step {total_us / steps / 1e3:.2f} ms; the same step "
+                       f"unprofiled: {wall_ms:.2f} ms wall"
+                       + (f" (kernels busy {total_us / steps / 1e3 / wall_ms:.0%} of it)" if cuda else ""))
+        res.data.update(wall_ms=wall_ms, busy_ms=total_us / steps / 1e3, steps=steps)
+        del model, opt
+    _release(ctx.device)
