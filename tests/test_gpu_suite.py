@@ -184,6 +184,33 @@ def test_a_section_that_would_pass_the_time_limit_is_not_started(tmp_path):
     assert report["sections"]["quick"]["status"] == "ok" and "--only slow" in md
 
 
+def test_a_dry_run_overlaps_waiting_sections_but_never_with_one_that_must_run_alone(tmp_path):
+    """trace stops every process that appears below the suite while it runs: the app's jobs
+    (run beside the rest in a dry run) must be over before it starts."""
+    import time
+
+    runner = _bench("gpusuite.runner")
+    times = {}
+
+    def waiting(ctx, res):
+        with res.step("wait"):
+            time.sleep(0.3)
+        times["waiting ended"] = time.perf_counter()
+
+    def other(ctx, res):
+        times["other started"] = time.perf_counter()
+
+    def alone(ctx, res):
+        times["alone started"] = time.perf_counter()
+
+    report, _ = _suite(tmp_path, [runner.Section("bg", "Bg", waiting, 1, "w", waits=True),
+                                  runner.Section("other", "Other", other, 1, "w"),
+                                  runner.Section("solo", "Solo", alone, 1, "w", alone=True)])
+    assert times["other started"] < times["waiting ended"] <= times["alone started"]
+    assert [report["sections"][n]["status"] for n in ("bg", "other", "solo")] == ["ok"] * 3
+    assert report["sections"]["bg"]["steps"][0]["name"] == "wait"
+
+
 def test_the_app_section_is_skipped_without_gradio(tmp_path, monkeypatch):
     app, env, runner = _bench("gpusuite.app"), _bench("gpusuite.env"), _bench("gpusuite.runner")
     monkeypatch.setattr(env, "missing_packages", lambda names=env.NEEDED: ["gradio", "gradio_client"])

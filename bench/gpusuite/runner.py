@@ -41,6 +41,7 @@ class Section:
     estimate_s: float  # on one H100, by reasoning (not measured): for the time limit only
     what: str  # one line: what it measures, for the report and --list
     waits: bool = False  # its time is spent waiting on other processes: a dry run runs it beside the rest
+    alone: bool = False  # stops every process that appears below the suite while it runs: nothing beside it
 
 
 @dataclass
@@ -203,13 +204,11 @@ class Suite:
             # a GPU run measures one thing at a time; a dry run overlaps what only waits (the app's jobs)
             beside = [(s, *self._start_beside(s)) for s in self.sections if s.waits and self.ctx.dry_run]
             for section in self.sections:
+                if section.alone:
+                    self._join(beside)
                 if not any(section is b[0] for b in beside):
                     self._run_one(section)
-            for section, thread, result in beside:
-                thread.join()
-                result.on_change = self.write
-                self.ctx.results[section.name] = result
-                self.write()
+            self._join(beside)
         except SuiteTimeLimit:
             for result in self.ctx.results.values():
                 if result.status == "running":
@@ -252,6 +251,15 @@ class Suite:
             result.data["cpu_s"] = round(cpu_seconds() - cpu0, 2)
         if result.status == "running":
             result.settle()
+
+    def _join(self, beside: list) -> None:
+        """Wait for the sections running beside the others and put their results in the report."""
+        while beside:
+            section, thread, result = beside.pop(0)
+            thread.join()
+            result.on_change = self.write
+            self.ctx.results[section.name] = result
+            self.write()
 
     def _start_beside(self, section: Section) -> tuple[threading.Thread, SectionResult]:
         """Run a section in a thread on a result of its own (the report shows it running until it is

@@ -150,9 +150,8 @@ def _self_time_us(event, cuda: bool) -> float:
     return float(event.self_cpu_time_total)
 
 
-def run_profile(ctx, res) -> None:
-    """Where a bf16 training step of GPT-2 small spends its time (torch.profiler), beside the step's
-    unprofiled wall time: kernel time well below the wall time means the host is the limit."""
+def _profiled_steps(preset: str, device: str, steps: int):
+    """(per-op events, this many profiled bf16 training steps, their unprofiled wall ms per step)."""
     import time
 
     import torch
@@ -163,38 +162,44 @@ def run_profile(ctx, res) -> None:
     from troubleshooter.engine.training_step import build, training_step
     from troubleshooter.spec import SpecSource, load_workload
 
-    label, preset, steps = ctx.sizes.profile_model + (3,)
-    dev = torch.device(ctx.device)
-    cuda = dev.type == "cuda"
-    with res.step(f"{label}: bf16 steps under torch.profiler"):
-        workload = load_workload(SpecSource.preset(preset))
-        model, opt = build(workload, dev, 0)
-        scaler = prec.make_scaler("bf16", dev)
-        batch = workload.batch(dev, seed=0)
+    dev = torch.device(device)
+    workload = load_workload(SpecSource.preset(preset))
+    model, opt = build(workload, dev, 0)
+    scaler = prec.make_scaler("bf16", dev)
+    batch = workload.batch(dev, seed=0)
 
-        def step():
-            training_step(workload, model, opt, scaler, batch, "bf16", dev)
+    def step():
+        training_step(workload, model, opt, scaler, batch, "bf16", dev)
 
-        for _ in range(2):  # warm-up
-            step()
-        prec.synchronize(dev)
-        t0 = time.perf_counter()
+    for _ in range(2):  # warm-up
+        step()
+    prec.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    prec.synchronize(dev)
+    wall_ms = (time.perf_counter() - t0) / steps * 1e3
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []))
+    with _quiet_native_stderr():  # the profiler's native layer logs its start and stop there
+        prof.__enter__()
+    try:
         for _ in range(steps):
             step()
         prec.synchronize(dev)
-        wall_ms = (time.perf_counter() - t0) / steps * 1e3
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        prof = profile(activities=activities)
-        with _quiet_native_stderr():  # the profiler's native layer logs its start and stop there
-            prof.__enter__()
-        try:
-            for _ in range(steps):
-                step()
-            prec.synchronize(dev)
-        finally:
-            with _quiet_native_stderr():
-                prof.__exit__(None, None, None)
-        events = [e for e in prof.key_averages() if _self_time_us(e, cuda) > 0]
+    finally:
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
+    return list(prof.key_averages()), wall_ms
+
+
+def run_profile(ctx, res) -> None:
+    """Where a bf16 training step of GPT-2 small spends its time (torch.profiler), beside the step's
+    unprofiled wall time: kernel time well below the wall time means the host is the limit."""
+    (label, preset), steps = ctx.sizes.profile_model, 3
+    cuda = ctx.device.startswith("cuda")
+    with res.step(f"{label}: bf16 steps under torch.profiler"):
+        all_events, wall_ms = _profiled_steps(preset, ctx.device, steps)
+        events = [e for e in all_events if _self_time_us(e, cuda) > 0]
         total_us = sum(_self_time_us(e, cuda) for e in events)
         top = sorted(events, key=lambda e: _self_time_us(e, cuda), reverse=True)[:15]
         res.table(f"{label}, bf16 training step: the 15 ops with the most {'GPU' if cuda else 'CPU'} time",
@@ -205,5 +210,4 @@ def run_profile(ctx, res) -> None:
                        f"unprofiled: {wall_ms:.2f} ms wall"
                        + (f" (kernels busy {total_us / steps / 1e3 / wall_ms:.0%} of it)" if cuda else ""))
         res.data.update(wall_ms=wall_ms, busy_ms=total_us / steps / 1e3, steps=steps)
-        del model, opt
     _release(ctx.device)

@@ -61,26 +61,12 @@ def judge(report: dict, case: dict, device_type: str) -> list[str]:
     return problems
 
 
-def _calls(ctx, todo: list[dict]) -> list:
-    """One callable per case giving its trace report (or raising its error). A GPU run traces one
-    script after another, each inside its step; the dry run starts them all at once."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def run(ctx, res) -> None:
+    """One trace after another, in every mode: trace stops each process that appeared below this
+    one while its script ran, so two traces at once (or anything else starting processes) would
+    stop each other's."""
     from troubleshooter.trace import trace_script
 
-    def one(case):
-        return trace_script(case["script"], case["args"], steps=ctx.sizes.trace_steps, device=ctx.device,
-                            timeout_s=ctx.sizes.trace_timeout_s, cwd=str(case["cwd"]))
-
-    if not ctx.dry_run:
-        return [lambda case=case: one(case) for case in todo]
-    pool = ThreadPoolExecutor(max_workers=max(1, len(todo)))
-    futures = [pool.submit(one, case) for case in todo]
-    pool.shutdown(wait=False)
-    return [future.result for future in futures]
-
-
-def run(ctx, res) -> None:
     device_type = "cuda" if ctx.device.startswith("cuda") else "cpu"
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-suite-trace-") as tmpdir:
@@ -88,9 +74,10 @@ def run(ctx, res) -> None:
         todo = []
         with res.step("prepare the scripts"):
             todo = cases(ctx, tmp)
-        for case, call in zip(todo, _calls(ctx, todo)):
+        for case in todo:
             with res.step(case["label"]):
-                report = call()
+                report = trace_script(case["script"], case["args"], steps=ctx.sizes.trace_steps, device=ctx.device,
+                                      timeout_s=ctx.sizes.trace_timeout_s, cwd=str(case["cwd"]))
                 problems = judge(report, case, device_type)
                 findings = ", ".join(f"{f['rule']} ({f['severity']})" for f in report.get("findings", [])) or "none"
                 prec = report.get("precision") or {}
@@ -102,5 +89,4 @@ def run(ctx, res) -> None:
                 if problems:
                     raise AssertionError("; ".join(problems))
     res.table(f"trace on {ctx.device}", ["script", "exit", "steps", "device", "precision in effect", "findings",
-                                         "seconds", "as expected", "problems"], rows,
-              note="cpu dry run: the traces ran at the same time" if ctx.dry_run else None)
+                                         "seconds", "as expected", "problems"], rows)
