@@ -22,4 +22,5 @@ def overflow_spec(tmp_path):
     outputs pass float16's 65504 (finite in float32 and bfloat16)."""
     from tests.fixtures.check.planted import write_overflow_spec
 
-    return write_overflow_spec(tmp_path)
+    write_overflow_spec(tmp_path)
+    return tmp_path / "overflow.yaml"
