@@ -9,8 +9,9 @@
 Sections (issue 9's list): capability against nvidia-smi and torch; the bf16 matmul ceiling;
 the speedup check on GPT-2 small and the CNN twice, eager and compiled, against
 torch.utils.benchmark; check on GPT-2 small, cnn, vit and the overflow/underflow fixtures
-against the CPU; the generated recipes' throughput and MFU; nanhunt's overhead; trace on a
-recipe and on nanoGPT; the app through gradio_client with two queued speedups. Every step is
+against the CPU; the generated recipes' throughput and MFU; nanhunt's overhead; a profile of
+GPT-2 small's bf16 step; trace on recipes and on nanoGPT; the app through gradio_client with two
+queued speedups. Every step is
 guarded (a failure is recorded, the rest runs) and both files are rewritten after each step,
 so a run stopped by a time limit still leaves what it measured. `--time-limit` (default 470 s on
 a GPU) keeps the whole run under 8 minutes: a section whose estimate would not fit is listed as
