@@ -15,6 +15,13 @@ from troubleshooter.ui.server import SETTINGS
 MB = 1024 * 1024
 
 
+@pytest.fixture(autouse=True)
+def _uploads_live_under_pytest_tmp(tmp_path_factory, monkeypatch):
+    """Callbacks read only files in Gradio's upload folder; here that is pytest's temporary root,
+    so the files the tests write under tmp_path stand for uploads."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.getbasetemp()))
+
+
 # --- uploads ---------------------------------------------------------------------------
 
 def test_text_upload_roundtrip(tmp_path):
@@ -528,9 +535,25 @@ def test_trace_without_the_trace_module_is_a_sentence(tmp_path, monkeypatch):
         trace.run("print(1)\n", None)
 
 
-def test_an_api_file_must_be_an_upload():
-    with pytest.raises(UserError, match="not an uploaded file"):
-        common.upload_path({"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}})
+@pytest.mark.parametrize("given", [
+    "/etc/passwd", Path("/etc/passwd"), {"path": "/etc/passwd"},
+    {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, {"path": ["/etc/passwd"]},
+])
+def test_a_file_must_be_an_upload_in_every_form(given):
+    """A plain string, a dict or a FileData naming a server file: refused alike (raw HTTP callers
+    send any of these where an upload belongs)."""
+    with pytest.raises(UserError, match="not an uploaded file|must be sent as an upload"):
+        common.upload_path(given)
+
+
+def test_an_upload_folder_path_that_escapes_it_is_refused(tmp_path):
+    inside = tmp_path / "train.py"
+    inside.write_text("x = 1\n")
+    assert common.upload_path(str(inside)) == str(inside.resolve())
+    (tmp_path / "link.py").symlink_to("/etc/passwd")
+    for sneaky in (str(tmp_path / ".." / ".." / ".." / "etc" / "passwd"), str(tmp_path / "link.py")):
+        with pytest.raises(UserError, match="not an uploaded file"):
+            common.upload_path(sneaky)
 
 
 def test_page_text_has_no_command_line_only_advice():

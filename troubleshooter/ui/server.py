@@ -9,6 +9,7 @@ import argparse
 import ipaddress
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -83,6 +84,7 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         raise UserError(f"--job-timeout must be positive, not {args.job_timeout:g}")
     auth_text = args.auth if args.auth is not None else environ.get(AUTH_ENV)
     auth = parse_auth(auth_text) if auth_text else None
+    _check_upload_folder(environ.get("GRADIO_TEMP_DIR"))
     if args.allow_exec and not is_loopback(args.host) and auth is None:
         raise UserError(
             "--allow-exec on a non-loopback address needs --auth USER:PASS "
@@ -90,6 +92,19 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         )
     return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
                     max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout)
+
+
+def _check_upload_folder(folder: str | None) -> None:
+    """The app reads any file in Gradio's upload folder as the caller's upload, so that folder must
+    hold uploads only: not the system's temporary folder, a home, or a folder above this code."""
+    if not folder:
+        return  # Gradio's default, <tmp>/gradio
+    real = os.path.realpath(folder)
+    broad = {os.path.sep, os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~"))}
+    package = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    if real in broad or os.path.commonpath([real, package]) == real or os.path.commonpath([real, os.getcwd()]) == real:
+        raise UserError(f"GRADIO_TEMP_DIR={folder} is too broad: the app treats every file in Gradio's upload "
+                        "folder as an upload, so point it at a folder of its own (e.g. /tmp/gradio)")
 
 
 def settings_or_exit(argv: list[str] | None = None) -> Settings:
