@@ -359,13 +359,7 @@ def load_workload(source: SpecSource, allow_exec: bool = False, *, max_params: f
     A Python source is imported in THIS process (only with allow_exec): call it inside a worker,
     as `run_with_workload` does.
     """
-    try:
-        return _load(source, allow_exec, estimate.Limits.resolve(max_params, max_memory_gb))
-    except SpecError as exc:
-        if not exc.problems and len(str(exc)) <= yamlspec.MAX_PROBLEM_CHARS * 2:
-            raise
-        head = str(exc).split("\n", 1)[0][:yamlspec.MAX_PROBLEM_CHARS * 2]
-        raise SpecError(head, yamlspec.cap_problems(exc.problems)) from None
+    return _load(source, allow_exec, estimate.Limits.resolve(max_params, max_memory_gb))  # messages: errors.clip
 
 
 def _load(source: SpecSource, allow_exec: bool, limits: estimate.Limits) -> Workload:
