@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, iter_inputs, strip_ipython
+from .source import LintError, SourceUnit, iter_inputs, parse, parse_problem, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -98,7 +98,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
     if not unit.text.strip():
         return report
     try:
-        tree = ast.parse(unit.text, filename=unit.path)
+        tree = parse(unit.text, unit.path)
     except SyntaxError as exc:
         tree, exc = _parse_ipython_export(unit, exc)
         if tree is None:
@@ -106,7 +106,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
             return report
     except (ValueError, RecursionError, MemoryError) as exc:
-        report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
+        report.errors.append(LintError(unit.path, f"cannot parse: {parse_problem(exc)}"))
         return report
     try:
         model = FileModel(tree, unit.text)
@@ -154,7 +154,7 @@ def _parse_ipython_export(unit: SourceUnit, exc: SyntaxError) -> tuple[ast.Modul
     if text.strip() == unit.text.strip():
         return None, exc
     try:
-        tree = ast.parse(text, filename=unit.path)
+        tree = parse(text, unit.path)
     except SyntaxError as again:
         return None, again  # the Python error left once the IPython lines are read as IPython
     except (ValueError, RecursionError, MemoryError):

@@ -22,6 +22,7 @@ from .analysis import FileModel
 from .engine import active_rules, char_col, lint_text
 from .rules import RULES
 from .rules.amp106 import guarded_ids
+from .source import parse
 
 FIXABLE = tuple(r.id for r in RULES if r.fixable)
 
@@ -67,7 +68,7 @@ def fix_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> FixR
     wanted = {(f.rule, f.location.line, f.location.column): f for f in report.findings if f.rule in FIXABLE}
     if report.errors or not wanted:
         return FixResult(text, "", [])
-    tree = ast.parse(text)
+    tree = parse(text)
     model = FileModel(tree, text)
     src = _Source(text)
     fixer = Fixer(model, src)
@@ -84,7 +85,7 @@ def fix_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> FixR
     if fixed == text:
         return FixResult(text, "", [])
     try:
-        ast.parse(fixed)
+        parse(fixed)
     except SyntaxError:  # never hand back something that does not parse
         return FixResult(text, "", [])
     diff = "".join(difflib.unified_diff(text.splitlines(True), fixed.splitlines(True),

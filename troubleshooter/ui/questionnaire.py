@@ -5,9 +5,9 @@ so the page shows exactly what `ask` asks; this module maps them to controls and
 """
 from __future__ import annotations
 
-import json
 import re
 
+from ..bounded import load_json
 from ..errors import UserError
 from . import common, recipe
 from .server import SETTINGS
@@ -230,7 +230,7 @@ def parse_answers(answers) -> dict:
     if answers is None or not str(answers).strip():
         raise UserError('answers must be a JSON object, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}')
     try:
-        value = json.loads(answers)
+        value = load_json(str(answers), "answers")
     except ValueError as exc:
         raise UserError(f'answers must be a JSON object, e.g. {{"gpu": "A100"}}: {exc}') from None
     if not isinstance(value, dict):
