@@ -210,9 +210,8 @@ def test_model_picker_sources_and_refusals(tmp_path):
     SETTINGS.allow_exec = False
     with pytest.raises(UserError, match="--allow-exec"):
         specinput.source_from_inputs("Upload", "", "", "", str(py))
-    bad = specinput.source_from_inputs("YAML", "", "", "model:\n  layers: [\n", None)
-    with pytest.raises(SpecError, match="line"):
-        specinput.validate(bad)
+    with pytest.raises(SpecError, match="line"):  # read once, by the bounded loader, when the source is made
+        specinput.validate(specinput.source_from_inputs("YAML", "", "", "model:\n  layers: [\n", None))
 
 
 def test_job_options_are_validated_before_any_work():
@@ -381,13 +380,16 @@ def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
             "weights: trained.pt\ninput: {shape: [4, 8]}\ntarget: {kind: classes, num_classes: 4}\n")
     good = tmp_path / "trained.pt"
     torch.save(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).state_dict(), good)
+    from troubleshooter.spec import load_workload
+
     source = specinput.source_from_inputs("YAML", "", "", text, None, str(good))
-    specinput.validate(source)  # loads the uploaded weights: no error
+    specinput.validate(source)  # the server's cheap check: nothing built
+    load_workload(source)  # what the job does: builds the model and loads the uploaded weights
     bad_dir = tmp_path / "bad"
     bad_dir.mkdir()
     torch.save(nn.Sequential(nn.Linear(8, 15)).state_dict(), bad_dir / "trained.pt")
     with pytest.raises(SpecError, match="trained.pt"):
-        specinput.validate(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
+        load_workload(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
 
 
 def test_one_job_per_device(monkeypatch):

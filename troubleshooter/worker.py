@@ -166,9 +166,8 @@ def _run(func: Callable, args: tuple, kwargs: dict, memory_mb: float | None) -> 
     except UserError as exc:  # a user's mistake found in the child: re-raised as-is in the parent
         return ("user_error", exc)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a message
-        if memory_mb and _is_out_of_memory(exc):
-            return ("memory", f"{type(exc).__name__}: {exc}")
-        return ("error", f"{type(exc).__name__}: {exc}")
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return ("memory" if memory_mb and _is_out_of_memory(exc) else "error", text)
 
 
 def _send(conn: Connection, message) -> None:

@@ -6,6 +6,7 @@ usable.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -46,8 +47,8 @@ def upload_path(upload) -> str | None:
     if not path:
         return None
     if not isinstance(path, str):
-        raise UserError("a file must be sent as an upload (gradio_client.handle_file, or POST it to "
-                        "/gradio_api/upload and pass the path it returns)")
+        raise UserError("a file must be sent as an upload (gradio_client.handle_file, or send it to "
+                        "Gradio's upload endpoint first and pass the path it returns)")
     return _in_upload_folder(path)
 
 
@@ -64,8 +65,8 @@ def _in_upload_folder(path: str) -> str:
     name = Path(path).name or "the file"
     if folder == os.path.sep or real == folder or os.path.commonpath([folder, real]) != folder:
         raise UserError(f"{name}: not an uploaded file; this server reads only files uploaded with the "
-                        "request (gradio_client.handle_file, or POST /gradio_api/upload and pass the "
-                        "path it returns)")
+                        "request (gradio_client.handle_file, or send the file to Gradio's upload endpoint "
+                        "first and pass the path it returns)")
     return real
 
 
@@ -209,11 +210,30 @@ def error_markdown(exc_or_text: BaseException | str, title: str = "Error") -> st
     return f"> **{title}**\n{body}\n"
 
 
+_ROOT_PREFIX = "amp-troubleshooter-downloads-"
+UPLOAD_CACHE_CLEANUP = (900, 2 * 3600)  # gr.Blocks(delete_cache=...): every 15 min, uploads older than 2 h
+
+
 def _root() -> Path:
+    """This server's scratch root (downloads, staged specs and scripts): removed when the server
+    exits; roots that crashed servers left behind are removed once older than the TTL."""
     global _download_root
     if _download_root is None or not _download_root.is_dir():
-        _download_root = Path(tempfile.mkdtemp(prefix="amp-troubleshooter-downloads-"))
+        _remove_stale_roots()
+        _download_root = Path(tempfile.mkdtemp(prefix=_ROOT_PREFIX))
+        atexit.register(shutil.rmtree, str(_download_root), True)
     return _download_root
+
+
+def _remove_stale_roots() -> None:
+    cutoff = time.time() - _DOWNLOAD_TTL_S
+    for old in Path(tempfile.gettempdir()).glob(_ROOT_PREFIX + "*"):
+        try:
+            if old.is_dir() and not old.is_symlink() and old.stat().st_mtime < cutoff \
+                    and all(p.stat().st_mtime < cutoff for p in old.iterdir()):
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def download_root() -> Path:

@@ -163,8 +163,9 @@ def is_python(source) -> bool:
 
 
 def validate(source) -> None:
-    """Load a YAML/preset spec here, on the meta device (nothing real is allocated), so a bad
-    spec is reported at once instead of after starting a worker process. Python files are
-    never imported in the server: they are validated inside their own child process."""
+    """What can be refused without building the model (`spec.precheck`: hostile or malformed YAML,
+    bad preset parameters, a preset too big by its computed size), answered in the server before
+    a job is queued. The model itself is built only in the job, under the job's time limit, and
+    Python files are only ever imported in their own child process."""
     if not is_python(source):
-        _spec().load_workload(source)
+        _spec().precheck(source)
