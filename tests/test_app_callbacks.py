@@ -594,3 +594,11 @@ def test_check_report_crosses_the_worker_typed_and_page_and_cli_say_the_same(cap
     for page_md in (align_md, nan_md, findings):  # same measurements (seed 0), same words
         assert render.markdown_to_text(page_md).strip() in text
     assert render.markdown_to_text(render.section_markdown(report, "skiprate")).strip() in text  # CLI keeps --only
+
+
+def test_the_gpu_answer_is_shown_as_typed_not_as_markup():
+    from troubleshooter.ui import questionnaire
+
+    for typed in ("[click](http://evil.example)", "<img src=x onerror=alert(1)>"):
+        md = questionnaire.decision_markdown(questionnaire.recommend({"gpu": typed}))
+        assert typed not in md and common.md_escape(typed) in md
