@@ -8,12 +8,10 @@ through the capability check).
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -116,15 +114,22 @@ def validate_answers(answers: Any) -> dict:
 
 def load_answers(path: str) -> dict:
     """Read an answers file (.yaml/.yml or .json) into a dict; clear errors for unreadable input."""
+    from .bounded import read_bytes
+    from .safeyaml import MAX_BYTES, load as load_yaml  # bounded: size, depth and alias expansion
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read answers file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UserError(f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                        f"{str(exc).splitlines()[0]}") from None
+        data = read_bytes(path, MAX_BYTES, f"answers file {path}")  # no /dev/zero, no FIFO
+    except OSError as exc:
+        raise UserError(f"cannot read answers file {path}: {exc.strerror or exc}") from None
+    if str(path).endswith(".json"):
+        from .bounded import load_json
+
+        try:
+            data = load_json(data.decode("utf-8-sig"), str(path))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    else:
+        data = load_yaml(data, str(path))
     if data is None:
         raise UserError(f"{path} is empty: it needs at least `gpu:`")
     return data

@@ -69,12 +69,10 @@ def ask_interactively() -> dict:
 
 def _answers_from(args) -> dict:
     if args.answers == "-":
-        import yaml
+        from ..bounded import read_bytes
+        from ..safeyaml import MAX_BYTES, load
 
-        try:
-            data = yaml.safe_load(sys.stdin.read())  # JSON is YAML too
-        except yaml.YAMLError as exc:
-            raise UserError(f"answers on stdin are not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+        data = load(read_bytes("-", MAX_BYTES, "the answers on stdin"), "the answers on stdin")  # JSON is YAML too
         return data if data is not None else {}
     if args.answers:
         return load_answers(args.answers)

@@ -11,7 +11,7 @@ from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .edits import Fix
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, strip_ipython
+from .source import LintError, SourceUnit, parse, parse_problem, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -115,7 +115,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
     if not unit.text.strip():
         return report
     try:
-        tree = ast.parse(unit.text, filename=unit.path)
+        tree = parse(unit.text, unit.path)
     except SyntaxError as exc:
         tree, exc = _parse_ipython_export(unit, exc)
         if tree is None:
@@ -123,7 +123,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
             return report
     except (ValueError, RecursionError, MemoryError) as exc:
-        report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
+        report.errors.append(LintError(unit.path, f"cannot parse: {parse_problem(exc)}"))
         return report
     try:
         model = FileModel(tree, unit.text)
@@ -173,7 +173,7 @@ def _parse_ipython_export(unit: SourceUnit, exc: SyntaxError) -> tuple[ast.Modul
     if text.strip() == unit.text.strip():
         return None, exc
     try:
-        tree = ast.parse(text, filename=unit.path)
+        tree = parse(text, unit.path)
     except SyntaxError as again:
         return None, again  # the Python error left once the IPython lines are read as IPython
     except (ValueError, RecursionError, MemoryError):
