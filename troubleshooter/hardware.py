@@ -96,8 +96,11 @@ def architecture_for(cc) -> Architecture:
 
 
 def normalise_name(name: str) -> str:
-    """'NVIDIA_A100-SXM4-40GB' -> 'nvidia a100 sxm4 40gb': the form every name table matches."""
-    return " ".join(re.sub(r"[-_/,;]", " ", str(name).lower()).split())
+    """'NVIDIA_A100-SXM4-40GB' -> 'nvidia a100 sxm4 40gb': the form every name table matches
+    ('RTX 3090Ti' -> 'rtx 3090 ti': suffixes written without a space)."""
+    text = re.sub(r"[-_/,;]", " ", str(name).lower())
+    text = re.sub(r"(\d)(ti|super|laptop)\b", r"\1 \2", text)
+    return " ".join(text.split())
 
 
 def _word(pattern: str) -> re.Pattern:
