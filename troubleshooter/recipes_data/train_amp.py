@@ -16,6 +16,9 @@ stays as it is. Every line that matters for mixed precision says why it is there
 Regenerate: python -m troubleshooter recipe --clip 1.0 --scheduler cosine --checkpoint --nan-guard --eval
 """
 import argparse
+# [option: distributed=ddp]
+#| import contextlib
+# [end]
 import math
 import os
 import sys
@@ -779,15 +782,18 @@ while True:
         # [else]
         #| batch = next(batches)
         # [end]
-        # [option: distributed=ddp]
-        #| # All-reduce gradients only on the last micro-batch: one communication per optimizer step.
-        #| model.require_backward_grad_sync = micro == ACCUM_STEPS - 1
-        # [end]
         # [option: distributed=fsdp]
         #| # Reduce-scatter gradients only on the last micro-batch: one communication per optimizer step.
         #| model.set_requires_gradient_sync(micro == ACCUM_STEPS - 1)
         # [end]
+        # [option: distributed=ddp]
+        #| # All-reduce gradients only on the last micro-batch (one communication per optimizer step): the
+        #| # other micro-batches run their forward under DDP's no_sync(), so their backward only accumulates.
+        #| grad_sync = contextlib.nullcontext() if micro == ACCUM_STEPS - 1 else model.no_sync()
+        #| with grad_sync, autocast_ctx:
+        # [else]
         with autocast_ctx:
+        # [end]
             # Divide by ACCUM_STEPS: the summed micro-batch gradients then equal the whole batch's mean.
             loss = compute_loss(model, batch) / ACCUM_STEPS
         # backward() outside autocast: each op's backward runs in the dtype its forward used.
