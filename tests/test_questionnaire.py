@@ -201,7 +201,7 @@ GPU_NAMES = [
     ("sm_86", "Ampere", (8, 6), None, "bf16"),
     ("cc 7.5", "Turing", (7, 5), None, "fp16"),
     ("compute capability 9.0", "Hopper", (9, 0), None, "bf16"),
-    ("AMD Instinct MI250X", "CDNA2", None, 128, "bf16"),
+    ("AMD Instinct MI250X", "CDNA2", None, 64, "bf16"),  # each GCD: a 64 GB device (issue 26)
     ("AMD Instinct MI300X", "CDNA3", None, 192, "bf16"),
     ("MI100", "CDNA1", None, 32, "fp16"),
     ("AMD Radeon RX 7900 XTX", "RDNA3", None, 24, "bf16"),

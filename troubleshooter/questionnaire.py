@@ -272,7 +272,10 @@ def resolve_device(gpu: str, cpu_bf16: bool | None = None) -> _Device:
         return _cpu_device(cpu_bf16)
     if not name:
         raise UserError("gpu: required (a GPU model such as V100, T4, A100, RTX 4090, H100; 'cpu'; or 'detect')")
-    return _resolved_device(hardware.resolve_gpu(name))
+    gpu = hardware.resolve_gpu(name)
+    if not gpu.supported:  # Gaudi, TPU, an NPU: say so rather than answer for a guessed GPU
+        raise UserError(f"gpu: {gpu.warnings[0]}")
+    return _resolved_device(gpu)
 
 
 TINY_MODEL_MILLIONS = 10  # below this a step is launch- and optimizer-bound: half precision buys nothing
