@@ -1,7 +1,8 @@
 """Generated loops must learn, not only run: for every model kind, the bf16 and fp16 loops follow the
 fp32 loop on CPU (same seed, same data) and reach what it reaches. The GAN must learn the real ring
 (radius 2), which it did not when the discriminator stepped on the generator's loss-scaled gradients
-(issue 26). All runs share one process (tests/_recipe_runs.py): torch is imported once."""
+(issue 26). The loops the questionnaire hands back for LoRA, weights stored in float16 and inference
+do what their reasons say. All runs share one process (tests/_recipe_runs.py): torch is imported once."""
 from __future__ import annotations
 
 import json
@@ -24,6 +25,8 @@ KINDS = {
     "transformer": ({"model": "transformer", "clip": 1.0}, ["--max-steps", "30", "--batch-size", "4"]),
     "cnn": ({"model": "cnn", "clip": 1.0}, ["--max-steps", "30", "--batch-size", "4"]),
     "gan": ({"model": "gan", "clip": 1.0}, ["--max-steps", "200"]),
+    "lora": ({"model": "transformer", "lora": True, "clip": 1.0}, ["--max-steps", "30", "--batch-size", "4"]),
+    "inference": ({"task": "inference"}, ["--batches", "4", "--batch-size", "32"]),
 }
 STEP_LOSS = re.compile(r"^step (\d+)/\d+ \| loss (\S+)", re.M)
 RADIUS = re.compile(r"mean radius of generated samples (\S+)")
@@ -33,8 +36,13 @@ RADIUS = re.compile(r"mean radius of generated samples (\S+)")
 def runs(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("convergence")
     spec = [{"name": f"{kind}_{p}", "options": {**opts, "precision": p},
-             "argv": ["--device", "cpu", *argv, "--out-dir", str(out / f"{kind}_{p}")]}
+             "argv": ["--device", "cpu", *argv] + ([] if kind == "inference" else ["--out-dir", str(out / f"{kind}_{p}")])}
             for kind, (opts, argv) in KINDS.items() for p in PRECISIONS]
+    # Start from the trained fp32 transformer's weights stored in float16 (a half-precision checkpoint).
+    spec.append({"name": "init_fp16", "options": {"model": "transformer", "precision": "fp16", "load_weights": True},
+                 "half_copy": [str(out / "transformer_fp32" / "model.pt"), str(out / "weights_fp16.pt")],
+                 "argv": ["--device", "cpu", "--max-steps", "10", "--batch-size", "4", "--out-dir", str(out / "init"),
+                          "--init-from", str(out / "weights_fp16.pt")]})
     (out / "spec.json").write_text(json.dumps(spec))
     root = str(Path(__file__).parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -47,7 +55,7 @@ def runs(tmp_path_factory) -> dict:
     return results
 
 
-@pytest.mark.parametrize("kind", ["transformer", "cnn"])
+@pytest.mark.parametrize("kind", ["transformer", "cnn", "lora"])
 def test_half_precision_loops_follow_the_fp32_loop(runs, kind):
     curves = {p: [float(v) for _, v in STEP_LOSS.findall(runs[f"{kind}_{p}"]["stdout"])] for p in PRECISIONS}
     reference = curves["fp32"]
@@ -77,3 +85,26 @@ def test_the_discriminator_steps_before_the_generators_backward():
             assert d_step < g_backward
             frozen = code.index("discriminator.requires_grad_(False)")
             assert frozen < g_backward < code.index("discriminator.requires_grad_(True)")
+
+
+def test_lora_trains_float32_adapters_on_a_half_precision_base(runs):
+    for p, base in (("fp16", "torch.float16"), ("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
+        line = next(ln for ln in runs[f"lora_{p}"]["stdout"].splitlines() if ln.startswith("LoRA:"))
+        assert "trainable adapter parameters in torch.float32" in line and f"frozen in {base}" in line, line
+
+
+def test_weights_stored_in_float16_start_as_float32_master_weights(runs):
+    out = runs["init_fp16"]["stdout"]
+    assert "as float32 master weights" in out and "scale 65536" in out
+    fresh = float(STEP_LOSS.findall(runs["transformer_fp16"]["stdout"])[0][1])
+    started = float(STEP_LOSS.findall(out)[0][1])
+    trained = float(STEP_LOSS.findall(runs["transformer_fp32"]["stdout"])[-1][1])
+    assert started < 0.5 * fresh and started < 2 * trained  # it continued from the trained weights
+
+
+def test_inference_runs_in_the_half_dtype_and_checks_against_float32(runs):
+    for p in ("bf16", "fp16"):
+        out = runs[f"inference_{p}"]["stdout"]
+        assert f"inference on cpu in {p}" in out and "top-1 disagreement with float32" in out
+        assert re.search(rf"^done: 4 batches in {p}", out, re.M)
+    assert "disagreement" not in runs["inference_fp32"]["stdout"]  # nothing to compare in float32

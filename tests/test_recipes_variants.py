@@ -40,13 +40,15 @@ SPACE = {
 
 # Rendering, compiling and linting are cheap: there the covering set also pairs the process setup.
 STATIC_SPACE = {**SPACE, "distributed": ["none", "ddp", "fsdp"], "log_every": [1, 10], "tf32": [False, True],
-                "cudnn_benchmark": [False, True]}
+                "cudnn_benchmark": [False, True], "lora": [False, True], "load_weights": [False, True]}
 
 
 def _valid(row: dict) -> bool:
     return (not (row.get("channels_last") and row.get("model") == "transformer")
             and not (row.get("compile") and row.get("distributed") == "fsdp")
-            and not (row.get("ema") and row.get("distributed") == "fsdp"))
+            and not (row.get("ema") and row.get("distributed") == "fsdp")
+            and not (row.get("lora") and (row.get("model") == "cnn" or row.get("distributed") == "fsdp"
+                                          or row.get("channels_last"))))  # channels_last needs the cnn
 
 
 def required_pairs(space: dict = SPACE) -> set:
