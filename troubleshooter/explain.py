@@ -106,6 +106,13 @@ def _bug_line(bug: dict) -> str:
 
 
 PATTERN_FILES = ("log_patterns.yaml", "log_patterns_frameworks.yaml")
+# `{AMP}` in a pattern's regex: a word that names mixed precision, in the ways people write it
+# ('mixed precision', 'mixed_precision', 'AMP', 'autocast', fp16/bf16/float16/bfloat16 also inside
+# identifiers such as train_fp16.sh or downcast_bf16, 'half()' / 'half precision', '16-bit', Lightning's
+# '16-mixed' / 'bf16-true', GradScaler, a loss scale).
+AMP_TERMS = (r"(?:mix(?:ed)?[-_ ]?precision|(?<![\w/\\.-])amp(?![\w/\\.-])|autocast|(?<![a-z0-9])(?:fp16|float16|bf16"
+             r"|bfloat16)(?![a-z0-9])|\bhalf(?:\(\)|[-_ ]precision)|16[- ]?bit(?= (?:precision|training|mixed|float))"
+             r"|\b(?:16|bf16|32|64)-(?:mixed|true)\b|gradscaler|loss[- ]scal\w*)")
 
 
 @lru_cache(maxsize=1)
@@ -116,7 +123,8 @@ def patterns() -> list[dict]:
         entries += yaml.safe_load(text)["patterns"]
     for e in entries:
         # One regex per entry, run over the whole text: a few C-level passes even for a 5 MB log.
-        e["_regex"] = re.compile("|".join(f"(?:{rx})" for rx in e["match"]), re.IGNORECASE | re.MULTILINE)
+        e["_regex"] = re.compile("|".join(f"(?:{rx})" for rx in e["match"]).replace("{AMP}", AMP_TERMS),
+                                 re.IGNORECASE | re.MULTILINE)
         # `unless`: a hit whose line also matches one of these is not this message (an fp32 cuBLAS call).
         e["_unless"] = (re.compile("|".join(f"(?:{rx})" for rx in e["unless"]), re.IGNORECASE)
                         if e.get("unless") else None)
@@ -272,8 +280,13 @@ def explain_log(text: str) -> ExplainReport:
 
 def _drop_shadowed(matches: list[LogMatch]) -> list[LogMatch]:
     """A line a specific pattern explained is not also reported by the plain-language fallbacks, and a
-    pattern's `shadows:` (a more general reading of the same message) go when it matched."""
+    pattern's `shadows:` (a more general reading of the same message) go when it matched. When the only
+    AMP readings are plain-language fallbacks and a specific non-AMP error was recognised, that error
+    is the answer (a traceback through torch/amp is no AMP problem by itself)."""
     specific = {m.line for m in matches if not m.id.startswith("plain-")}
     by_id = {p["id"]: p for p in patterns()}
     shadowed = {s for m in matches for s in (by_id.get(m.id, {}).get("shadows") or ())}
-    return [m for m in matches if not (m.id.startswith("plain-") and m.line in specific) and m.id not in shadowed]
+    kept = [m for m in matches if not (m.id.startswith("plain-") and m.line in specific) and m.id not in shadowed]
+    if any(not m.amp for m in kept) and all(m.id.startswith("plain-") for m in kept if m.amp):
+        kept = [m for m in kept if not m.id.startswith("plain-")]
+    return kept
