@@ -23,6 +23,7 @@ import yaml
 from . import explain_context
 
 MAX_CHARS = 5_000_000  # longer logs: the last 5 MB (where the error is) are read
+TAIL_CHARS = 200_000  # plain-language readings and the situation: the end of a long log
 
 
 @dataclass
@@ -253,12 +254,15 @@ def explain_log(text: str) -> ExplainReport:
         text = text[-MAX_CHARS:]
     starts = [0] + [m.end() for m in re.finditer("\n", text)]  # offset of each line's first character
     lower = text.lower()
+    tail = lower[-TAIL_CHARS:]
     matches = []
     ctx = None
     for p in patterns():
-        if not any(k in lower for k in p["keys"]):
+        # Plain-language readings are for what people write, not for 5 MB logs: the last 200 kB only.
+        plain = p["id"].startswith("plain-")
+        if not any(k in (tail if plain else lower) for k in p["keys"]):
             continue
-        found = list(p["_regex"].finditer(text))
+        found = list(p["_regex"].finditer(text, max(0, len(text) - TAIL_CHARS) if plain else 0))
         if p["_unless"] is not None:
             found = [m for m in found
                      if not p["_unless"].search(_full_line(text, starts, bisect.bisect_right(starts, m.start())))]

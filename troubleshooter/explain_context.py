@@ -80,7 +80,7 @@ def _frames(text: str) -> tuple[list[str], bool]:
 
 def read_context(text: str) -> Context:
     """Every clue in `text`: libraries in frames, LoRA, inference, resume, framework, the GPU named."""
-    sample = text[-200_000:]  # the end of a long log is where the error and its traceback are
+    sample = text[-200_000:]  # the end of a long log is where the error and its traceback are (explain.TAIL_CHARS)
     libs, user = _frames(sample)
     keys = {k for k, rx in _CLUE_RE.items() if rx.search(sample)}
     keys |= {lib for lib in libs if lib in ("accelerate", "deepspeed", "peft")}
