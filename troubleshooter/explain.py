@@ -230,7 +230,7 @@ def _situated(p: dict, groups: list, ctx: explain_context.Context, text: str) ->
     """The pattern's fields for the situation the text shows: a `contexts:` entry, a known library bug."""
     fields = {k: p.get(k) for k in ("title", "severity", "cause", "fix", "rule", "symptom")}
     fields["amp"] = p.get("amp", True)
-    chosen = explain_context.pick(p.get("contexts"), ctx)
+    chosen = explain_context.pick(p.get("contexts"), ctx, text)
     if chosen:
         fields.update({k: v for k, v in chosen.items() if k in fields})
     bug = explain_context.library_bug(p["id"], text) if fields["amp"] else None

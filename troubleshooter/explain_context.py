@@ -31,7 +31,9 @@ _CLUES = {
     "lora": r"\bpeft\b|\blora\b|lora_|loraconfig|get_peft_model|\bqlora\b|\badapters?\b|prepare_model_for_kbit|"
             r"load_in_[48]bit|bnb_4bit|--use_lora|finetuning_type lora",
     "inference": r"\bvllm\b|llm_engine|inference_mode|\.generate\(|text-generation-inference|\bsglang\b|"
-                 r"\binference (?:only|server|time)|\bserving\b|--dtype[= ](?:half|float16|bfloat16)|\bLLM\(model=",
+                 r"\binference (?:only|server|time)|\bserving\b|--dtype[= ](?:half|float16|bfloat16)|\bLLM\(model=|"
+                 # vLLM's own dtype check (vllm/worker: _check_if_gpu_supports_dtype) names no library
+                 r"Bfloat16 is only supported on GPUs with compute capability of at least",
     "training": r"\.backward\(|optimizer|gradscaler|scaler\.|trainer\.train|\.fit\(|train_step|training_step|"
                 r"_inner_training_loop|accelerator\.backward|grad_norm|\bepoch\b",
     "resume": r"\bresum\w*|load_state(?:_dict)?\b|restor\w+ (?:the )?(?:trainer|optimizer|scaler|checkpoint|training)|"
@@ -182,11 +184,14 @@ def library_bug(pattern_id: str, text: str) -> dict | None:
     return None
 
 
-def pick(entries: list[dict] | None, ctx: Context) -> dict | None:
-    """The first `contexts:` entry whose `when` keys are all present (and `unless` keys absent)."""
+def pick(entries: list[dict] | None, ctx: Context, text: str = "") -> dict | None:
+    """The first `contexts:` entry whose `when` keys are all present, `unless` keys absent, and whose
+    `text` regex (a wording only one variant of the message has) matches the pasted text."""
     for entry in entries or ():
         when = entry.get("when") or []
         unless = entry.get("unless") or []
-        if all(k in ctx.keys for k in when) and not any(k in ctx.keys for k in unless):
+        wording = entry.get("text")
+        if all(k in ctx.keys for k in when) and not any(k in ctx.keys for k in unless) and (
+                not wording or re.search(wording, text, re.IGNORECASE)):
             return entry
     return None
