@@ -120,6 +120,12 @@ def decision_markdown(d: dict) -> str:
         lines += ["", "**Watch out:**"] + [f"- {esc(w)}" for w in warnings]
     if d.get("symptoms_from_log"):
         lines += ["", "Symptoms read from the pasted log: " + esc(", ".join(map(str, d["symptoms_from_log"])))]
+    if d.get("fp8"):
+        lines += ["", "**FP8 (optional, on top of bf16):**"] + [f"- {t}" for t in d["fp8"]["advice"]]
+    settings = d.get("framework_settings")
+    if settings:
+        lines += ["", f"**{settings['framework']} settings** (`{settings['file']}`):", "",
+                  f"```{settings['format']}", settings["text"].rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
 
 
