@@ -1,0 +1,84 @@
+"""Lightning Fabric: `Fabric(precision=...)`, `fabric.setup(model, optimizer)`, `fabric.backward(loss)`.
+
+Checked in lightning 2.6.6 (lightning/fabric/fabric.py, connector.py, plugins/precision/amp.py,
+strategies/strategy.py):
+
+- "16-mixed" makes `MixedPrecision` with a `torch.amp.GradScaler`; `fabric.backward(loss)` is
+  `scaler.scale(loss).backward()`. On a CPU it warns "You passed `Fabric(accelerator='cpu',
+  precision='16-mixed')` but AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`
+  instead." and trains in bfloat16. With no precision: "32-true" (unless `fabric run --precision`).
+- `fabric.setup(model, optimizer)` / `setup_optimizers` wrap the optimizer: its `step()` is
+  `scaler.step(optimizer)` + `scaler.update()` (a skipped step is silent: Fabric keeps no
+  "skipped" flag). An optimizer that was not set up steps on scaled gradients.
+- `fabric.clip_gradients(model, optimizer, max_norm=...)` calls `precision.unscale_gradients`
+  (`scaler.unscale_`) before clipping; torch's `clip_grad_norm_` after `fabric.backward` clips
+  scaled gradients. Twice per optimizer step (per micro-batch) it raises torch's "unscale_() has
+  already been called on this optimizer since the last update()".
+- Fabric does not wrap LR schedulers: one stepped after every `optimizer.step()` also steps when
+  the GradScaler skipped it.
+- `fabric.save(path, state)` saves what `state` holds; the precision plugin (its GradScaler) is not
+  added to it (`Strategy.save_checkpoint`), unlike the Lightning Trainer's checkpoint.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..analysis import func_tail, kwarg, receiver, tail
+from . import Setup, of, imports
+from .lightning import PACKAGES, precision_of
+
+NAME = "fabric"
+SETUP = {"setup", "setup_optimizers", "setup_module"}
+
+
+def _is_fabric_ctor(m, call: ast.Call) -> bool:
+    if func_tail(call) != "Fabric":
+        return False
+    q = m.names.qual(call.func) or ""
+    return q.startswith(PACKAGES) or imports(m, *PACKAGES)
+
+
+def setups(m) -> list[Setup]:
+    """This framework's setups in the file (computed once, by `find`)."""
+    return of(m, NAME)
+
+
+def find(m) -> list[Setup]:
+    ctors = [c for c in m.calls if _is_fabric_ctor(m, c)]
+    if not ctors:
+        return []
+    keys = {"fabric"}
+    for k, values in m.assigns.items():
+        if any(isinstance(v, ast.Call) and _is_fabric_ctor(m, v) for v in values):
+            keys.add(k)
+    prepared: set[str] = set()
+    for c in m.calls:
+        r = receiver(c)
+        if func_tail(c) in SETUP and r is not None and tail(r) in keys:
+            prepared |= {tail(a) for a in c.args if tail(a)}
+    for node in m.of_class(ast.Assign):
+        v = node.value
+        if isinstance(v, ast.Call) and func_tail(v) in SETUP and receiver(v) is not None and tail(receiver(v)) in keys:
+            for t in node.targets:
+                for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                    if tail(sub):
+                        prepared.add(tail(sub))
+    return [Setup(NAME, c, precision_of(m, c, "Fabric"), frozenset(keys), f"Fabric(...) (line {c.lineno})",
+                  {"prepared": prepared, "unknown_because": "chosen at launch"}) for c in ctors]
+
+
+def owner(m, recv: str | None, scope) -> Setup | None:
+    mine = [s for s in setups(m) if recv in s.keys]
+    if scope is not None and len(mine) > 1:  # several setups: the one made in this function
+        lo, hi = getattr(scope.node, "lineno", 0), getattr(scope.node, "end_lineno", 10 ** 9)
+        inside = [s for s in mine if s.node is not None and lo <= s.node.lineno <= hi]
+        return (inside or mine)[0]
+    return mine[0] if mine else None
+
+
+def unscales(call: ast.Call) -> bool:
+    return func_tail(call) == "clip_gradients"
+
+
+def precision_kw(call: ast.Call):
+    return kwarg(call, "precision")
