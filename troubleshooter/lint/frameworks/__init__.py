@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from ..analysis import func_tail, receiver, tail
 from .values import DEFAULT, NOTHING, Value
 
 FP16, BF16, FP32, FP8 = "fp16", "bf16", "fp32", "fp8"
@@ -88,6 +89,45 @@ def imports(m, *prefixes: str) -> bool:
     return any(qual == p or qual.startswith(p + ".") for _, _, qual in m.names.imports for p in prefixes)
 
 
+def prepared_entries(m, keys: set[str], methods: set[str]) -> list[tuple[str, int, bool]]:
+    """(name, line, is an attribute) for every object handed to or returned by `<framework>.<method>(...)`
+    (`accelerator.prepare`, `fabric.setup`)."""
+    out: list[tuple[str, int, bool]] = []
+
+    def add(node, line):
+        node = node.value if isinstance(node, ast.Starred) else node
+        k = tail(node)
+        if k:
+            out.append((k, line, isinstance(node, ast.Attribute)))
+
+    for c in m.calls:
+        r = receiver(c)
+        if func_tail(c) in methods and r is not None and tail(r) in keys:
+            for a in c.args:
+                add(a, c.lineno)
+    for node in m.of_class(ast.Assign):
+        v = node.value
+        if isinstance(v, ast.Call) and func_tail(v) in methods and receiver(v) is not None and tail(receiver(v)) in keys:
+            for t in node.targets:
+                for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                    add(sub, node.lineno)
+    return out
+
+
+def prepared_in(m, framework: str, scope) -> set[str]:
+    """Names of objects the framework prepared that `scope` sees: attributes (`self.optimizer`)
+    prepared anywhere, names prepared in this function or at module level. A local `optimizer`
+    prepared in another function is another object."""
+    entries = [e for st in of(m, framework) for e in st.data.get("prepared", [])]
+    lo, hi = getattr(scope.node, "lineno", 1), getattr(scope.node, "end_lineno", 10 ** 9)
+    funcs = [(s.node.lineno, getattr(s.node, "end_lineno", s.node.lineno)) for s in m.scopes[1:]]
+    out = set()
+    for name, line, attr in entries:
+        if attr or lo <= line <= hi or not any(a <= line <= b for a, b in funcs):
+            out.add(name)
+    return out
+
+
 def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
     """Classes of this file deriving, directly or through each other, from a class named in `bases`
     that comes from one of `packages` (`pl.LightningModule`, `from transformers import Trainer`)."""
@@ -108,5 +148,5 @@ def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
     return found
 
 
-__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "derives", "imports", "of", "owner",
+__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "derives", "prepared_entries", "prepared_in", "imports", "of", "owner",
            "setups"]

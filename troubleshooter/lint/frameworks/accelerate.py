@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 
 from ..analysis import func_tail, kwarg, receiver, tail
-from . import BF16, FP8, FP16, FP32, Setup, of, imports
+from . import BF16, FP8, FP16, FP32, Setup, imports, of, prepared_entries
 from .configs import configs_of
 from .values import CONFIG, NOTHING, Value, resolve, resolve_kw
 
@@ -97,7 +97,7 @@ def find(m) -> list[Setup]:
             if isinstance(v, ast.Call) and _is_accelerator_ctor(m, v):
                 own.setdefault(id(v), set()).add(k)
     keys = {"accelerator"}.union(*own.values()) if own else {"accelerator"}
-    prepared = prepared_keys(m, keys)
+    prepared = prepared_keys(m, keys)  # (name, line, attribute)
     save_state = any(func_tail(c) in {"save_state"} and tail(receiver(c)) in keys for c in m.calls if receiver(c) is not None)
     out = []
     for c in ctors or [None]:
@@ -114,24 +114,10 @@ def find(m) -> list[Setup]:
     return out
 
 
-def prepared_keys(m, keys: set[str]) -> set[str]:
-    """Names handed to or returned by `accelerator.prepare(...)` (and prepare_optimizer/scheduler)."""
-    out: set[str] = set()
-    for c in m.calls:
-        r = receiver(c)
-        if func_tail(c) in PREPARE and r is not None and tail(r) in keys:
-            for a in c.args:
-                k = tail(a.value if isinstance(a, ast.Starred) else a)
-                if k:
-                    out.add(k)
-    for node in m.of_class(ast.Assign):
-        v = node.value
-        if isinstance(v, ast.Call) and func_tail(v) in PREPARE and receiver(v) is not None and tail(receiver(v)) in keys:
-            for t in node.targets:
-                for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
-                    if tail(sub):
-                        out.add(tail(sub))
-    return out
+def prepared_keys(m, keys: set[str]) -> list[tuple[str, int, bool]]:
+    """(name, line, is an attribute) for what is handed to or returned by `accelerator.prepare(...)`
+    (and prepare_optimizer/scheduler); `frameworks.prepared_in` says which of them a function sees."""
+    return prepared_entries(m, keys, PREPARE)
 
 
 def owner(m, recv: str | None, scope) -> Setup | None:

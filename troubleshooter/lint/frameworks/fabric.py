@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis import func_tail, kwarg, receiver, tail
-from . import Setup, of, imports
+from ..analysis import func_tail, kwarg
+from . import Setup, imports, of, prepared_entries
 from .lightning import PACKAGES, precision_of
 
 NAME = "fabric"
@@ -51,18 +51,7 @@ def find(m) -> list[Setup]:
     for k, values in m.assigns.items():
         if any(isinstance(v, ast.Call) and _is_fabric_ctor(m, v) for v in values):
             keys.add(k)
-    prepared: set[str] = set()
-    for c in m.calls:
-        r = receiver(c)
-        if func_tail(c) in SETUP and r is not None and tail(r) in keys:
-            prepared |= {tail(a) for a in c.args if tail(a)}
-    for node in m.of_class(ast.Assign):
-        v = node.value
-        if isinstance(v, ast.Call) and func_tail(v) in SETUP and receiver(v) is not None and tail(receiver(v)) in keys:
-            for t in node.targets:
-                for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
-                    if tail(sub):
-                        prepared.add(tail(sub))
+    prepared = prepared_entries(m, keys, SETUP)
     return [Setup(NAME, c, precision_of(m, c, "Fabric"), frozenset(keys), f"Fabric(...) (line {c.lineno})",
                   {"prepared": prepared, "unknown_because": "chosen at launch"}) for c in ctors]
 

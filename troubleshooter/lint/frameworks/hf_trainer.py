@@ -77,7 +77,21 @@ def precision_of(m, call: ast.Call | None) -> Value:
 
 
 def trainer_subclasses(m) -> set[str]:
-    return m.memo.get(("hf_trainer_subclasses",), lambda: derives(m, TRAINER_CLASSES, PACKAGES))
+    """Classes deriving from transformers' / trl's Trainer classes, or (their base imported from
+    another file of the project) overriding `training_step(self, model, inputs, ...)` /
+    `compute_loss(self, model, inputs, ...)`: the Trainer's own signatures."""
+    def compute():
+        found = derives(m, TRAINER_CLASSES, PACKAGES)
+        for name, cls in m.classes.items():
+            if name in found or not cls.bases:
+                continue
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef) and item.name in {"training_step", "compute_loss"}:
+                    params = [a.arg for a in item.args.args[1:3]]
+                    if params == ["model", "inputs"]:
+                        found.add(name)
+        return found
+    return m.memo.get(("hf_trainer_subclasses",), compute)
 
 
 def setups(m) -> list[Setup]:

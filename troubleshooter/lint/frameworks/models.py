@@ -1,11 +1,11 @@
 """Model families pretrained in bfloat16, recognised by their hub names.
 
 These families were trained in bfloat16 and publish bfloat16 weights (their configs' `torch_dtype`
-is "bfloat16": Llama 3.x, Mistral/Mixtral, Qwen 1.5-3, Gemma 1-3, Falcon, Phi-3/Phi-4, DeepSeek,
-Yi, InternLM, MPT, Baichuan 2; Llama 2 and Code Llama were trained in bfloat16 although the
-Llama 2 hub config says float16); T5 v1.1 / Flan-T5 / mT5 / ByT5 / UL2 and BLOOM were trained in
+is "bfloat16": Llama 3.x, Code Llama, Mistral/Mixtral, Qwen 1.5-3, Gemma 1-3, Falcon, Phi-3/Phi-4,
+DeepSeek, Yi, InternLM, MPT, Baichuan 2); T5 v1.1 / Flan-T5 / mT5 / ByT5 / UL2 and BLOOM were trained in
 bfloat16 on TPUs, and T5's activations are known to overflow float16 (transformers issue #10830,
-"T5 fp16 nan"). Their activations use bfloat16's range: fine-tuned in float16 they can overflow to
+"T5 fp16 nan"). Llama 1/2 publish float16 configs and are fine-tuned in float16 widely: not listed.
+Quantised builds (GPTQ, AWQ, GGUF, bitsandbytes) compute in float16 by design: not judged. Their activations use bfloat16's range: fine-tuned in float16 they can overflow to
 inf/NaN or lose many steps to loss-scale skips, where bfloat16 does not.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ import re
 from ..analysis import func_tail, kwarg
 
 BF16_PRETRAINED = re.compile(
-    r"llama|mistral|mixtral|qwen|gemma|falcon|zephyr|phi-?[34]|deepseek|(^|[/_-])yi-|internlm|(^|[/_-])mpt-|baichuan"
+    r"llama-?3|codellama|code-llama|mistral|mixtral|qwen|gemma|falcon|zephyr|phi-?[34]|deepseek|(^|[/_-])yi-|internlm|(^|[/_-])mpt-|baichuan"
     r"|(^|[/_-])(flan-|m|by)?t5([-_.]|$)|t5-v1_1|(^|[/_-])ul2|bloom", re.I)
+_HALF_BUILDS = re.compile(r"gptq|awq|gguf|ggml|exl2|int4|int8|4bit|8bit|bnb|-fp16|_fp16", re.I)
 _NAME_HINTS = re.compile(r"model|checkpoint|base|pretrained|repo|hub|ckpt|name", re.I)
 
 
@@ -25,6 +26,8 @@ def bf16_family(name: str) -> str | None:
     """The family a hub id or model name belongs to ('google/flan-t5-base' -> 'flan-t5'), or None."""
     if not isinstance(name, str) or len(name) > 200 or " " in name.strip():
         return None
+    if _HALF_BUILDS.search(name):
+        return None  # a quantised or float16 build (GPTQ kernels compute in float16): float16 is its format
     mt = BF16_PRETRAINED.search(name)
     return mt.group(0).strip("/_-") if mt else None
 

@@ -78,7 +78,7 @@ for batch in loader:
                 block = next((w for w in accumulate_blocks if w.lineno <= e.line <= w.end_lineno), None)
                 if block is not None and not _sync_guarded(e):
                     accum = setup.data.get("accum")
-                    if accum is not None and accum.known and all(o == 1 for o in accum.options):
+                    if accum is not None and accum.certain and accum.options == (1,):
                         continue  # accumulate() with one step per optimizer step: nothing accumulates
                     certain = accum is not None and accum.certain and sev == "error"
                     reported.add(e.line)

@@ -55,11 +55,9 @@ for batch in loader:
                 if not prior:
                     continue
                 b, setup = prior[-1]
-                prepared = set()
-                for st in frameworks.of(m, setup.framework):
-                    prepared |= st.data.get("prepared", set())
+                prepared = frameworks.prepared_in(m, setup.framework, s)
                 if setup.framework == "hf_trainer" or e.recv in prepared or not prepared:
-                    continue  # no prepare call seen at all: the objects are prepared elsewhere
+                    continue  # no prepare call seen here at all: the objects are prepared elsewhere
                 sev = severity(setup)
                 if sev is None:
                     continue

@@ -53,8 +53,9 @@ for batch in loader:
 """
     fix = ("Let the framework skip the scheduler with the step (`accelerator.prepare(..., scheduler)`, "
            "`deepspeed.initialize(lr_scheduler=...)`) or check for a skipped step before `scheduler.step()`.")
-    known_problems = ("Per-epoch schedulers (stepped outside the batch loop) are not reported. Under Fabric a warning "
-                      "needs `precision=\"16-mixed\"` in the file; otherwise it is info. Lightning's own Trainer steps "
+    known_problems = ("Per-epoch schedulers (stepped outside the batch loop) are not reported. A warning needs float16 "
+                      "in the file, an argument default or a config beside it (Fabric: `precision=\"16-mixed\"` written "
+                      "in the file); a precision chosen only at launch gives info. Lightning's own Trainer steps "
                       "schedulers itself and is not judged.")
     references = ("https://github.com/huggingface/accelerate/blob/v1.15.0/src/accelerate/scheduler.py",
                   "https://www.deepspeed.ai/docs/config-json/#fp16-training-options")
@@ -68,10 +69,10 @@ for batch in loader:
             setups = frameworks.of(m, fw)
             if not setups:
                 continue
-            prepared = set().union(*(st.data.get("prepared", set()) for st in setups))
-            if not prepared:
-                continue
             for s in m.scopes:
+                prepared = frameworks.prepared_in(m, fw, s)
+                if not prepared:
+                    continue
                 steps = [e for e in s.of(OPT_STEP) if e.recv in prepared]
                 for e in s.of(SCHED_STEP):
                     if (fw == "accelerate" and e.recv in prepared) or _guarded(e) or not e.recv:
@@ -80,7 +81,7 @@ for batch in loader:
                     if not before:
                         continue
                     setup = frameworks.owner(m, next(iter(setups[0].keys)), s) or setups[0]
-                    sev = severity(setup, "warning", "warning" if fw == "accelerate" else "info")
+                    sev = severity(setup, "warning", "warning" if fw == "accelerate" and setup.precision.known else "info")
                     if sev is None:
                         continue
                     why = (f"`{e.recv}` was not passed to `accelerator.prepare`, so it steps even when "

@@ -76,7 +76,6 @@ for batch in loader:
             return None
         for fw in ("accelerate", "fabric"):
             setups = frameworks.of(m, fw)
-            prepared = set().union(*(st.data.get("prepared", set()) for st in setups)) if setups else set()
-            if step.recv in prepared:
+            if setups and step.recv in frameworks.prepared_in(m, fw, s):
                 return frameworks.owner(m, next(iter(setups[0].keys)), s) or setups[0]
         return None
