@@ -64,9 +64,10 @@ def adjust(raw: dict) -> dict:
                      f"as {v['rule']} in framework code)")
         out.append(v)
     raw["violations"] = out
-    if fw.get("framework_schedulers") or any(e.get("framework") == "hf_trainer" for e in fw["frameworks"]):
-        # the framework steps the scheduler only after an applied step (AcceleratedScheduler, the HF Trainer's
-        # `optimizer_step_was_skipped` check): the "inconclusive" AMP107 note is not about this script
+    if fw.get("framework_schedulers") or fw.get("lightning_scheduler_steps") or \
+            any(e.get("framework") == "hf_trainer" for e in fw["frameworks"]):
+        # the framework steps the scheduler (AcceleratedScheduler and the HF Trainer only after an applied
+        # step; Lightning's loop, reported as AMP262): the "inconclusive" AMP107 note is not about this script
         raw["scheduler_after_scaler_steps"] = 0
     return raw
 

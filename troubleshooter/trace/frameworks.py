@@ -197,7 +197,7 @@ def _patch_lightning_module(module) -> None:
     @functools.wraps(original)
     def lr_scheduler_step(self, *args, **kwargs):
         if _rec is not None and len(LOG["lightning_scheduler_steps"]) < 500:
-            LOG["lightning_scheduler_steps"].append(_rec.steps)  # the step Lightning's loop just finished
+            LOG["lightning_scheduler_steps"].append(_rec.steps - 1)  # the step Lightning's loop just finished
         return original(self, *args, **kwargs)
 
     lr_scheduler_step._trace_framework = True
