@@ -93,7 +93,7 @@ def initialize_calls(m) -> list[ast.Call]:
     return [c for c in m.calls if func_tail(c) == "initialize" and (m.names.qual(c.func) or "").startswith("deepspeed")]
 
 
-def _config_from(m, node: ast.AST | None) -> DSConfig | None:
+def config_from(m, node: ast.AST | None) -> DSConfig | None:
     if node is None:
         return None
     target = node
@@ -129,12 +129,12 @@ def configs(m) -> list[DSConfig]:
                 seen.add(key)  # one config named by initialize and written as a dict is one config
                 out.append(cfg)
         for c in initialize_calls(m):
-            add(_config_from(m, kwarg(c, "config") or kwarg(c, "config_params")))
+            add(config_from(m, kwarg(c, "config") or kwarg(c, "config_params")))
         for c in m.calls:
             if func_tail(c) in {"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"} or \
                     func_tail(c) in {"DeepSpeedPlugin", "HfDeepSpeedConfig", "DeepSpeedStrategy"}:
                 kw = kwarg(c, "deepspeed") or kwarg(c, "hf_ds_config") or kwarg(c, "config") or (c.args[0] if c.args else None)
-                add(_config_from(m, kw))
+                add(config_from(m, kw))
         for node in m.of_class(ast.Dict):
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
             if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:

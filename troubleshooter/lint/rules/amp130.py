@@ -83,6 +83,8 @@ for batch in loader:
                         break  # accelerator.clip_grad_norm_ / fabric.clip_gradients unscale first
                     if e.kind not in (CLIP, GRAD, FW_CLIP) or e.line in seen:
                         continue
+                    if e.kind == GRAD and not value_read(m, s, e.node):
+                        continue  # `torch.isnan(p.grad)`, `g = p.grad` then zeroing rows: no value that the scale changes
                     seen.add(e.line)
                     yield self._hit(e, b, setup, sev, "lightning_manual" if manual else setup.framework)
         yield from self._on_after_backward(m, seen)
@@ -112,7 +114,8 @@ for batch in loader:
         for s in m.scopes:
             if s.name != "on_after_backward" or s.cls not in classes:
                 continue
-            reads = [e for e in s.events if e.kind in (CLIP, GRAD, FW_CLIP) and e.line not in seen]
+            reads = [e for e in s.events if e.kind in (CLIP, GRAD, FW_CLIP) and e.line not in seen
+                     and (e.kind != GRAD or value_read(m, s, e.node))]
             reads += [_CallEvent(n) for n in m.subtree(s.node)
                       if isinstance(n, ast.Call) and func_tail(n) in {"grad_norm", "grad_norms"}]
             for e in sorted(reads, key=lambda x: x.line):
@@ -126,6 +129,50 @@ for batch in loader:
                           f"{'clips' if clip else 'reads'} gradients in `on_after_backward`, where Lightning has not yet "
                           f"unscaled them ({note})", _FIX["lightning"], {"framework": "lightning"},
                           None if level == self.severity else level)
+
+
+# Reads of a gradient whose result does not depend on the loss scale (a NaN/inf test, zeroing) ...
+_SCALE_FREE = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num", "fill_", "zero_", "any", "all",
+               "is_nonzero", "requires_grad_", "detach_"}
+# ... and reads whose value does (norms and statistics, logging them, updating the gradient by hand).
+_SCALE_BOUND = {"norm", "abs", "sum", "mean", "max", "min", "std", "var", "pow", "item", "sqrt", "square", "clamp",
+                "clamp_", "mul", "mul_", "div", "div_", "add", "add_", "sub", "sub_", "copy_", "dot", "vector_norm",
+                "get_total_norm", "log", "log10", "tolist", "numpy", "histc", "abs_", "sign", "topk", "median",
+                "quantile", "amax", "amin", "cpu", "float"}
+
+
+def value_read(m, scope, node) -> bool:
+    """The `.grad` read takes a value the loss scale changes: a norm, a statistic, arithmetic, an
+    in-place update. A bare reference (`g = p.grad`, `grads.append(p.grad)`), a NaN/inf test or a
+    zeroing is not reported."""
+    parents = m.memo.get(("amp130_parents", id(scope.node)), lambda: _parents(m, scope.node))
+    cur = node
+    for _ in range(6):
+        parent = parents.get(id(cur))
+        if parent is None:
+            return False
+        if isinstance(parent, ast.Call):
+            t = func_tail(parent)
+            if t in _SCALE_FREE:
+                return False
+            if t in _SCALE_BOUND:
+                return True
+        elif isinstance(parent, ast.Attribute) and parent.attr in _SCALE_FREE:
+            return False
+        elif isinstance(parent, (ast.BinOp, ast.AugAssign, ast.UnaryOp)):
+            return True
+        elif isinstance(parent, (ast.stmt, ast.comprehension)) and not isinstance(parent, ast.AugAssign):
+            return False
+        cur = parent
+    return False
+
+
+def _parents(m, root) -> dict[int, ast.AST]:
+    out: dict[int, ast.AST] = {}
+    for n in m.subtree(root):
+        for child in ast.iter_child_nodes(n):
+            out[id(child)] = n
+    return out
 
 
 class _CallEvent:
