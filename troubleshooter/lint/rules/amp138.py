@@ -26,7 +26,8 @@ trainer = pl.Trainer(accelerator="gpu", precision="16-mixed")
     fix = ('Lightning: `precision="16-mixed"` / `"bf16-mixed"`, no `amp_backend`; Hugging Face: `fp16=True` / `bf16=True` '
            'only; Accelerate: `mixed_precision="fp16"`; apex: `torch.autocast` + `torch.amp.GradScaler`.')
     known_problems = ("A file written for Lightning 1.x or an old transformers, pinned on purpose, is still reported. The "
-                      "Lightning aliases are info (they still work); removed arguments are warnings.")
+                      "Lightning aliases still work (Lightning itself warns about them); removed arguments fail. apex's "
+                      "`amp.initialize` is info.")
     references = ("https://lightning.ai/docs/pytorch/stable/common/precision_basic.html",
                   "https://lightning.ai/docs/pytorch/stable/upgrade/from_1_9.html",
                   "https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments")
@@ -40,7 +41,7 @@ trainer = pl.Trainer(accelerator="gpu", precision="16-mixed")
                     if o in lightning.LEGACY_ALIASES and v.how == "literal":
                         yield Hit.at(kw, f"`precision={text(kw)}` is the Lightning 1.x spelling: 2.x warns that it is "
                                          "\"supported for historical reasons but its usage is discouraged\"",
-                                     f'write `precision="{lightning.LEGACY_ALIASES[o]}"`').lowered("info")
+                                     f'write `precision="{lightning.LEGACY_ALIASES[o]}"`')
                         break
             for name in lightning.REMOVED_TRAINER_ARGS:
                 kw = kwarg(c, name)
