@@ -73,23 +73,42 @@ def entered_by_framework(depth: int = 2) -> bool:
     return False
 
 
+def _wrap_once(owner, name: str, make: Callable) -> None:
+    """owner.name = make(original), once (a module imported twice under two names is patched once)."""
+    original = getattr(owner, name, None) if owner is not None else None
+    if original is None or getattr(original, "_trace_framework", False):
+        return
+    wrapped = functools.wraps(original)(make(original))
+    wrapped._trace_framework = True
+    setattr(owner, name, wrapped)
+
+
+def _observe(after: Callable | None = None, before: Callable | None = None) -> Callable:
+    """A `make` for `_wrap_once`: call `before(*args, **kwargs)`, the original, `after(result, *args,
+    **kwargs)`; an observer that fails is ignored (observing must never break the script)."""
+    def make(original):
+        def wrapper(*args, **kwargs):
+            if before is not None:
+                _quietly(before, *args, **kwargs)
+            out = original(*args, **kwargs)
+            if after is not None:
+                _quietly(after, out, *args, **kwargs)
+            return out
+        return wrapper
+    return make
+
+
+def _quietly(fn: Callable, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a framework version we do not know: observe less, never fail
+        pass
+
+
 # -- accelerate ------------------------------------------------------------------------------
 def _patch_accelerate(module) -> None:
-    cls = getattr(module, "Accelerator", None)
-    if cls is None or getattr(cls.__init__, "_trace_framework", False):
-        return
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        try:
-            _after_accelerator(self, kwargs)
-        except Exception:  # noqa: BLE001 - observing must never break the script
-            pass
-
-    __init__._trace_framework = True
-    cls.__init__ = __init__
+    _wrap_once(getattr(module, "Accelerator", None), "__init__",
+               _observe(after=lambda out, acc, *args, **kwargs: _after_accelerator(acc, kwargs)))
 
 
 def _after_accelerator(acc, kwargs: dict) -> None:
@@ -118,67 +137,55 @@ def _after_accelerator(acc, kwargs: dict) -> None:
     _note(entry)
 
 
+def _count(key: str) -> Callable:
+    def before(*args, **kwargs):
+        LOG[key] = LOG.get(key, 0) + 1
+    return before
+
+
 def _patch_accelerate_scheduler(module) -> None:
     """AcceleratedScheduler.step steps the wrapped scheduler only when no optimizer step was skipped."""
-    cls = getattr(module, "AcceleratedScheduler", None)
-    if cls is None or getattr(cls.step, "_trace_framework", False):
-        return
-    original = cls.step
-
-    @functools.wraps(original)
-    def step(self, *args, **kwargs):
-        LOG["framework_schedulers"] = LOG.get("framework_schedulers", 0) + 1
-        return original(self, *args, **kwargs)
-
-    step._trace_framework = True
-    cls.step = step
+    _wrap_once(getattr(module, "AcceleratedScheduler", None), "step", _observe(before=_count("framework_schedulers")))
 
 
 # -- Lightning / Fabric ----------------------------------------------------------------------------
 def _patch_lightning_connector(module, cls_name: str, flag: str, kind: str, plugins: str) -> None:
-    cls = getattr(module, cls_name, None)
-    if cls is None or getattr(cls._check_and_init_precision, "_trace_framework", False):
-        return
-    original = cls._check_and_init_precision
+    def make(original):
+        def _check_and_init_precision(self):
+            asked = getattr(self, flag, None)
+            accel = getattr(self, "_accelerator_flag", None)
+            plugin = None
+            if _emulate and asked == "16-mixed" and accel == "cpu" and _plain_strategy(self):
+                try:
+                    if kind == "lightning" and hasattr(self, "_validate_precision_choice"):
+                        self._validate_precision_choice()
+                    plugin = importlib.import_module(plugins).MixedPrecision("16-mixed", "cpu")
+                except Exception:  # noqa: BLE001 - fall back to what Lightning does itself
+                    plugin = None
+            emulated = plugin is not None
+            if plugin is None:
+                plugin = original(self)
+            _quietly(_after_precision_plugin, plugin, kind, asked, accel, emulated)
+            return plugin
+        return _check_and_init_precision
+    _wrap_once(getattr(module, cls_name, None), "_check_and_init_precision", make)
 
-    @functools.wraps(original)
-    def _check_and_init_precision(self):
-        asked = getattr(self, flag, None)
-        accel = getattr(self, "_accelerator_flag", None)
-        plugin = None
-        emulated = False
-        if _emulate and asked == "16-mixed" and accel == "cpu" and _plain_strategy(self):
-            try:
-                mp = importlib.import_module(plugins)
-                if kind == "lightning" and hasattr(self, "_validate_precision_choice"):
-                    self._validate_precision_choice()
-                plugin = mp.MixedPrecision("16-mixed", "cpu")
-                emulated = True
-            except Exception:  # noqa: BLE001 - fall back to what Lightning does itself
-                plugin = None
-        if plugin is None:
-            plugin = original(self)
-        try:
-            ran = getattr(plugin, "precision", type(plugin).__name__)
-            entry = {"framework": kind, "version": _version("lightning") or _version("pytorch_lightning"), "asked": asked,
-                     "accelerator": accel, "ran": ran, "plugin": type(plugin).__name__,
-                     "scaler": type(plugin.scaler).__name__ if getattr(plugin, "scaler", None) is not None else None,
-                     "emulated": emulated, **_where()}
-            if asked == "16-mixed" and accel == "cpu":
-                entry["refused"] = ("replaces '16-mixed' by 'bf16-mixed', with a warning (\"AMP with fp16 is not "
-                                    "supported on CPU. Using `precision='bf16-mixed'` instead.\"): no GradScaler runs")
-                if emulated:
-                    entry["emulation"] = ("Lightning's MixedPrecision('16-mixed', 'cpu') plugin: float16 CPU autocast and "
-                                          "a torch.amp.GradScaler('cpu'), the plugin it uses with '16-mixed' on a GPU")
-            if getattr(plugin, "scaler", None) is not None:
-                LOG["framework_scalers"] += 1
-            _note(entry)
-        except Exception:  # noqa: BLE001
-            pass
-        return plugin
 
-    _check_and_init_precision._trace_framework = True
-    cls._check_and_init_precision = _check_and_init_precision
+def _after_precision_plugin(plugin, kind: str, asked, accel, emulated: bool) -> None:
+    entry = {"framework": kind, "version": _version("lightning") or _version("pytorch_lightning"), "asked": asked,
+             "accelerator": accel, "ran": getattr(plugin, "precision", type(plugin).__name__),
+             "plugin": type(plugin).__name__,
+             "scaler": type(plugin.scaler).__name__ if getattr(plugin, "scaler", None) is not None else None,
+             "emulated": emulated, **_where()}
+    if asked == "16-mixed" and accel == "cpu":
+        entry["refused"] = ("replaces '16-mixed' by 'bf16-mixed', with a warning (\"AMP with fp16 is not "
+                            "supported on CPU. Using `precision='bf16-mixed'` instead.\"): no GradScaler runs")
+        if emulated:
+            entry["emulation"] = ("Lightning's MixedPrecision('16-mixed', 'cpu') plugin: float16 CPU autocast and "
+                                  "a torch.amp.GradScaler('cpu'), the plugin it uses with '16-mixed' on a GPU")
+    if getattr(plugin, "scaler", None) is not None:
+        LOG["framework_scalers"] += 1
+    _note(entry)
 
 
 def _plain_strategy(connector) -> bool:
@@ -188,42 +195,25 @@ def _plain_strategy(connector) -> bool:
     return not any(w in name for w in ("DeepSpeed", "FSDP", "XLA", "ModelParallel"))
 
 
+def _lightning_scheduler_step(*args, **kwargs) -> None:
+    if _rec is not None and len(LOG["lightning_scheduler_steps"]) < 500:
+        LOG["lightning_scheduler_steps"].append(_rec.steps - 1)  # the step Lightning's loop just finished
+
+
 def _patch_lightning_module(module) -> None:
-    cls = getattr(module, "LightningModule", None)
-    if cls is None or getattr(cls.lr_scheduler_step, "_trace_framework", False):
-        return
-    original = cls.lr_scheduler_step
-
-    @functools.wraps(original)
-    def lr_scheduler_step(self, *args, **kwargs):
-        if _rec is not None and len(LOG["lightning_scheduler_steps"]) < 500:
-            LOG["lightning_scheduler_steps"].append(_rec.steps - 1)  # the step Lightning's loop just finished
-        return original(self, *args, **kwargs)
-
-    lr_scheduler_step._trace_framework = True
-    cls.lr_scheduler_step = lr_scheduler_step
+    _wrap_once(getattr(module, "LightningModule", None), "lr_scheduler_step", _observe(before=_lightning_scheduler_step))
 
 
 # -- Hugging Face Trainer ----------------------------------------------------------------------
+def _after_hf_trainer(out, trainer, *args, **kwargs) -> None:
+    targs = getattr(trainer, "args", None)
+    _note({"framework": "hf_trainer", "version": _version("transformers"),
+           "asked": "fp16" if getattr(targs, "fp16", False) else "bf16" if getattr(targs, "bf16", False) else "no",
+           "max_grad_norm": getattr(targs, "max_grad_norm", None), **_where()})
+
+
 def _patch_hf_trainer(module) -> None:
-    cls = getattr(module, "Trainer", None)
-    if cls is None or getattr(cls.__init__, "_trace_framework", False):
-        return
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        try:
-            targs = getattr(self, "args", None)
-            _note({"framework": "hf_trainer", "version": _version("transformers"),
-                   "asked": "fp16" if getattr(targs, "fp16", False) else "bf16" if getattr(targs, "bf16", False) else "no",
-                   "max_grad_norm": getattr(targs, "max_grad_norm", None), **_where()})
-        except Exception:  # noqa: BLE001
-            pass
-
-    __init__._trace_framework = True
-    cls.__init__ = __init__
+    _wrap_once(getattr(module, "Trainer", None), "__init__", _observe(after=_after_hf_trainer))
 
 
 # -- FSDP ------------------------------------------------------------------------------------
@@ -231,61 +221,30 @@ def _dtype_name(value) -> str | None:
     return str(value).replace("torch.", "") if value is not None else None
 
 
+def _record_fsdp(version: int, policy) -> None:
+    if not any(f["version"] == version for f in LOG["fsdp"]):
+        LOG["fsdp"].append({"version": version, "param_dtype": _dtype_name(getattr(policy, "param_dtype", None)),
+                            "reduce_dtype": _dtype_name(getattr(policy, "reduce_dtype", None)), **_where()})
+
+
 def _patch_fsdp1(module) -> None:
-    cls = getattr(module, "FullyShardedDataParallel", None)
-    if cls is None or getattr(cls.__init__, "_trace_framework", False):
-        return
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        mp = kwargs.get("mixed_precision")
-        if len(LOG["fsdp"]) < 4 and not any(f["version"] == 1 for f in LOG["fsdp"]):
-            LOG["fsdp"].append({"version": 1, "param_dtype": _dtype_name(getattr(mp, "param_dtype", None)),
-                                "reduce_dtype": _dtype_name(getattr(mp, "reduce_dtype", None)), **_where()})
-
-    __init__._trace_framework = True
-    cls.__init__ = __init__
+    _wrap_once(getattr(module, "FullyShardedDataParallel", None), "__init__",
+               _observe(after=lambda out, *args, **kwargs: _record_fsdp(1, kwargs.get("mixed_precision"))))
 
 
 def _patch_fsdp2(module) -> None:
-    original = getattr(module, "fully_shard", None)
-    if original is None or getattr(original, "_trace_framework", False):
-        return
-
-    @functools.wraps(original)
-    def fully_shard(*args, **kwargs):
-        out = original(*args, **kwargs)
-        mp = kwargs.get("mp_policy")
-        if not any(f["version"] == 2 for f in LOG["fsdp"]):
-            LOG["fsdp"].append({"version": 2, "param_dtype": _dtype_name(getattr(mp, "param_dtype", None)),
-                                "reduce_dtype": _dtype_name(getattr(mp, "reduce_dtype", None)), **_where()})
-        return out
-
-    fully_shard._trace_framework = True
-    module.fully_shard = fully_shard
+    _wrap_once(module, "fully_shard", _observe(after=lambda out, *args, **kwargs: _record_fsdp(2, kwargs.get("mp_policy"))))
 
 
 def _patch_sharded_scaler(module) -> None:
     """ShardedGradScaler re-implements scale/unscale_/update without calling GradScaler's (which the
     trace wraps): wrap its own, or a clean FSDP loop read as an unscaled backward and a step without update."""
     cls = getattr(module, "ShardedGradScaler", None)
-    if cls is None or _rec is None or getattr(cls.scale, "_trace_framework", False):
+    if cls is None or _rec is None or getattr(cls.__init__, "_trace_framework", False):
         return
     from .patches import _patch_scaler
-    own = tuple(n for n in ("scale", "unscale_", "update") if n in vars(cls))
-    _patch_scaler(_rec, cls, only=own)
-    for n in own:
-        getattr(cls, n)._trace_framework = True
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        LOG["sharded_scalers"] = LOG.get("sharded_scalers", 0) + 1
-
-    cls.__init__ = __init__
+    _patch_scaler(_rec, cls, only=tuple(n for n in ("scale", "unscale_", "update") if n in vars(cls)))
+    _wrap_once(cls, "__init__", _observe(after=lambda *args, **kwargs: _count("sharded_scalers")()))
 
 
 # -- the import hook -------------------------------------------------------------------------

@@ -84,6 +84,16 @@ def owner(m, recv: str | None, scope) -> Setup | None:
     return None
 
 
+def by_keys(candidates: list[Setup], recv: str | None, scope) -> Setup | None:
+    """The setup whose object is `recv`; with several, the one made in this function (`scope`)."""
+    mine = [s for s in candidates if recv in s.keys]
+    if scope is not None and len(mine) > 1:
+        lo, hi = getattr(scope.node, "lineno", 0), getattr(scope.node, "end_lineno", 10 ** 9)
+        inside = [s for s in mine if s.node is not None and lo <= s.node.lineno <= hi]
+        return (inside or mine)[0]
+    return mine[0] if mine else None
+
+
 def imports(m, *prefixes: str) -> bool:
     """The file imports a module starting with one of `prefixes` (`accelerate`, `lightning`)."""
     return any(qual == p or qual.startswith(p + ".") for _, _, qual in m.names.imports for p in prefixes)
@@ -148,5 +158,5 @@ def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
     return found
 
 
-__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "derives", "prepared_entries", "prepared_in", "imports", "of", "owner",
+__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "by_keys", "derives", "prepared_entries", "prepared_in", "imports", "of", "owner",
            "setups"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 
 from ..analysis import func_tail, kwarg, receiver, tail
-from . import BF16, FP8, FP16, FP32, Setup, imports, of, prepared_entries
+from . import BF16, FP8, FP16, FP32, Setup, by_keys, imports, of, prepared_entries
 from .configs import configs_of
 from .values import CONFIG, NOTHING, Value, resolve, resolve_kw
 
@@ -121,14 +121,10 @@ def prepared_keys(m, keys: set[str]) -> list[tuple[str, int, bool]]:
 
 
 def owner(m, recv: str | None, scope) -> Setup | None:
-    mine = [s for s in setups(m) if recv in s.keys]
-    if not mine and recv and "accelerator" in recv.lower():
-        mine = setups(m)  # `self.accelerator`, an accelerator handed in as an argument
-    if scope is not None and len(mine) > 1:  # several setups: the one made in this function
-        lo, hi = getattr(scope.node, "lineno", 0), getattr(scope.node, "end_lineno", 10 ** 9)
-        inside = [s for s in mine if s.node is not None and lo <= s.node.lineno <= hi]
-        return (inside or mine)[0]
-    return mine[0] if mine else None
+    found = by_keys(setups(m), recv, scope)
+    if found is None and recv and "accelerator" in recv.lower() and setups(m):
+        return by_keys(setups(m), next(iter(setups(m)[0].keys)), scope)  # `self.accelerator`, one handed in
+    return found
 
 
 def unscales(call: ast.Call) -> bool:

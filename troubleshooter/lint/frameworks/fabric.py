@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 
 from ..analysis import func_tail, kwarg
-from . import Setup, imports, of, prepared_entries
+from . import Setup, by_keys, imports, of, prepared_entries
 from .lightning import PACKAGES, precision_of
 
 NAME = "fabric"
@@ -57,12 +57,7 @@ def find(m) -> list[Setup]:
 
 
 def owner(m, recv: str | None, scope) -> Setup | None:
-    mine = [s for s in setups(m) if recv in s.keys]
-    if scope is not None and len(mine) > 1:  # several setups: the one made in this function
-        lo, hi = getattr(scope.node, "lineno", 0), getattr(scope.node, "end_lineno", 10 ** 9)
-        inside = [s for s in mine if s.node is not None and lo <= s.node.lineno <= hi]
-        return (inside or mine)[0]
-    return mine[0] if mine else None
+    return by_keys(setups(m), recv, scope)
 
 
 def unscales(call: ast.Call) -> bool:
