@@ -105,7 +105,9 @@ def prepared_entries(m, keys: set[str], methods: set[str]) -> list[tuple[str, in
     out: list[tuple[str, int, bool]] = []
 
     def add(node, line):
-        node = node.value if isinstance(node, ast.Starred) else node
+        if isinstance(node, ast.Starred):
+            out.append(("*", line, True))  # `prepare(*objects)`: which names it prepares cannot be told
+            return
         k = tail(node)
         if k:
             out.append((k, line, isinstance(node, ast.Attribute)))
@@ -138,6 +140,11 @@ def prepared_in(m, framework: str, scope) -> set[str]:
     return out
 
 
+def is_prepared(prepared: set[str], key: str | None) -> bool:
+    """`key` went through the framework's prepare/setup, or a starred call may have taken it."""
+    return key in prepared or "*" in prepared
+
+
 def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
     """Classes of this file deriving, directly or through each other, from a class named in `bases`
     that comes from one of `packages` (`pl.LightningModule`, `from transformers import Trainer`)."""
@@ -158,5 +165,5 @@ def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
     return found
 
 
-__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "by_keys", "derives", "prepared_entries", "prepared_in", "imports", "of", "owner",
+__all__ = ["BF16", "BF16_TRUE", "FP16", "FP16_TRUE", "FP32", "FP8", "Setup", "adapters", "by_keys", "derives", "is_prepared", "prepared_entries", "prepared_in", "imports", "of", "owner",
            "setups"]

@@ -75,7 +75,23 @@ class ConfigFile:
         return f"{self.name}:{line}" if line else self.name
 
 
+_CACHE: dict[tuple, "ConfigFile | None"] = {}  # (path, mtime, size) -> parsed: a folder's configs parse once per run
+
+
 def _parse(path: str) -> ConfigFile | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _CACHE:
+        if len(_CACHE) > 512:
+            _CACHE.clear()
+        _CACHE[key] = _parse_now(path)
+    return _CACHE[key]
+
+
+def _parse_now(path: str) -> ConfigFile | None:
     try:
         if os.path.getsize(path) > MAX_BYTES:
             return None

@@ -66,8 +66,9 @@ def model_names(m, bf16: bool = True) -> list[tuple[str, int | None, str]]:
             elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
                     isinstance(t, ast.Name) and _NAME_HINTS.search(t.id) for t in node.targets):
                 add(node.value.value, node.lineno, f"`{node.targets[0].id}`" if isinstance(node.targets[0], ast.Name) else "")
+        from . import setups
         from .configs import configs_of
-        for cfg in configs_of(m).beside():
+        for cfg in (configs_of(m).beside() if setups(m) else []):  # a framework script's folder only
             for key in ("model_name_or_path", "model_name", "base_model", "pretrained_model_name_or_path"):
                 v = cfg.get(key)
                 if isinstance(v, str):

@@ -56,7 +56,7 @@ for batch in loader:
                     continue
                 b, setup = prior[-1]
                 prepared = frameworks.prepared_in(m, setup.framework, s)
-                if setup.framework == "hf_trainer" or e.recv in prepared or not prepared:
+                if setup.framework == "hf_trainer" or frameworks.is_prepared(prepared, e.recv) or not prepared:
                     continue  # no prepare call seen here at all: the objects are prepared elsewhere
                 sev = severity(setup)
                 if sev is None:

@@ -73,9 +73,9 @@ for batch in loader:
                 prepared = frameworks.prepared_in(m, fw, s)
                 if not prepared:
                     continue
-                steps = [e for e in s.of(OPT_STEP) if e.recv in prepared]
+                steps = [e for e in s.of(OPT_STEP) if frameworks.is_prepared(prepared, e.recv)]
                 for e in s.of(SCHED_STEP):
-                    if (fw == "accelerate" and e.recv in prepared) or _guarded(e) or not e.recv:
+                    if (fw == "accelerate" and frameworks.is_prepared(prepared, e.recv)) or _guarded(e) or not e.recv:
                         continue
                     before = [o for o in steps if o.order < e.order and o.loops and o.loops == e.loops]
                     if not before:
