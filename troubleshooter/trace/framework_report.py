@@ -180,6 +180,8 @@ def findings(raw: dict, precision: dict, fw_section: dict | None) -> list[Findin
         if sched:
             n = len(sched["scheduler_stepped_after"])
             parts.append(f"the LR scheduler stepped after {n} of the {len(sched['skipped_steps'])} skipped steps")
+        elif ls:
+            parts.append("no step was skipped, so whether the LR scheduler steps on skipped steps was not observed")
         parts.append(f"clipping: {fw_section.get('clip_order')}")
         return [Finding(EMULATED[0], EMULATED[1], Severity.INFO, "; ".join(parts) + ".",
                         "On a GPU the same code runs this path natively; numbers (skips, overflow) depend on the GPU's "
