@@ -43,6 +43,7 @@ CASES = {
     "fabric-clean": ("fabric_fp16.py", [], 3, {"AMP261": ("info", 14)}, set(), {}),
     "fabric-buggy": ("fabric_fp16.py", ["--buggy"], 3, {"AMP131": ("error", 27), "AMP290": ("error", 27)}, set(), {}),
     "hf-trainer-fp16": ("hf_trainer_fp16.py", [], 4, {"AMP261": ("info", None)}, {"AMP107"}, {}),
+    "hf-trainer-bf16-no-gpu": ("hf_trainer_fp16.py", ["--bf16"], 4, {"AMP261": ("info", None)}, {"AMP290"}, {}),
     "fsdp-sharded": ("fsdp_fp16.py", [], 4, {}, {"AMP115", "AMP113", "AMP135"}, {}),
     "fsdp-plain": ("fsdp_fp16.py", ["--plain"], 4, {"AMP135": ("warning", 24)}, set(), {}),
 }

@@ -21,6 +21,7 @@ NAMES = {"accelerate": "Accelerate", "lightning": "Lightning", "fabric": "Fabric
 # A protocol mistake seen through a framework's own GradScaler is the framework rule's business.
 FRAMEWORK_RULE = {"AMP101": "AMP130", "AMP102": "AMP130", "AMP107": "AMP133", "AMP110": "AMP134", "AMP112": "AMP131",
                   "AMP115": "AMP141", "AMP116": "AMP132"}
+_WORD = {"fp16": "float16", "16-mixed": "float16", "bf16": "bfloat16", "bf16-mixed": "bfloat16"}
 NOT_OBSERVED = ["the loss scale and the steps it skips", "whether the LR scheduler steps on skipped steps",
                 "whether gradients are clipped before or after the unscale", "float16 overflow in the forward pass"]
 
@@ -89,7 +90,8 @@ def apply_to_precision(raw: dict, precision: dict) -> dict:
     if emulated:
         e = emulated[0]
         section["emulated"] = True
-        section["summary"] = (f"EMULATED {NAMES.get(e['framework'], e['framework'])} float16 path on the CPU "
+        asked = _WORD.get(e.get("asked"), e.get("asked"))
+        section["summary"] = (f"EMULATED {NAMES.get(e['framework'], e['framework'])} {asked} path on the CPU "
                               f"({e.get('emulation')}): " + section.get("summary", ""))
     return section
 
@@ -140,7 +142,7 @@ def section(raw: dict, precision: dict) -> dict[str, Any] | None:
     refused = owner.get("refused") and not owner.get("emulated")
     scaling_ran = _scaler_summary(raw) is not None
     out = {"frameworks": entries, "fsdp": fw.get("fsdp") or [], "asked": owner.get("asked"),
-           "ran": precision.get("compute"), "emulated": bool(owner.get("emulated")),
+           "ran": precision.get("compute"), "emulated": any(e.get("emulated") for e in entries),
            "loss_scaling": _scaler_summary(raw), "scheduler_on_skipped": _scheduler_on_skipped(raw),
            "clip_order": _clip_order(raw) if scaling_ran else "not observable: no loss scaling ran",
            "not_observed": NOT_OBSERVED if refused else []}
@@ -152,7 +154,8 @@ def findings(raw: dict, precision: dict, fw_section: dict | None) -> list[Findin
     AMP261 (its float16 path was emulated on the CPU: what was observed), both info."""
     if not fw_section:
         return []
-    owner = _owner(raw) or {}
+    emulated = [e for e in _entries(raw) if e.get("emulated")]
+    owner = emulated[0] if emulated else (_owner(raw) or {})
     where = Location(path=owner.get("path"), line=owner.get("line"))
     name = NAMES.get(owner.get("framework"), owner.get("framework") or "the framework")
     if owner.get("framework") == "accelerate" and any(e.get("framework") == "hf_trainer" for e in _entries(raw)):
@@ -160,7 +163,7 @@ def findings(raw: dict, precision: dict, fw_section: dict | None) -> list[Findin
     version = f" {owner['version']}" if owner.get("version") else ""
     steps = int(raw.get("steps_observed") or 0)
     if owner.get("refused") and not owner.get("emulated"):
-        msg = (f"{name}{version} was asked for {owner.get('asked')}; on this CPU it {owner['refused']}. The {steps} traced steps "
+        msg = (f"{name[0].upper() + name[1:]}{version} was asked for {owner.get('asked')}; on this CPU it {owner['refused']}. The {steps} traced steps "
                f"computed in {precision.get('compute')}; not observed: " + ", ".join(NOT_OBSERVED) + ".")
         return [Finding(NOT_RUN[0], NOT_RUN[1], Severity.INFO, msg,
                         "Trace where the script runs (a CUDA GPU), or let the trace emulate the framework's float16 path "
@@ -169,12 +172,15 @@ def findings(raw: dict, precision: dict, fw_section: dict | None) -> list[Findin
     if owner.get("emulated"):
         ls = fw_section.get("loss_scaling") or {}
         sched = fw_section.get("scheduler_on_skipped")
-        parts = [f"{name}{version} was asked for {owner.get('asked')}; on a CPU it {owner.get('refused')}. The trace emulated its float16 "
-                 f"path ({owner.get('emulation')}) and every observation below is of that emulation"]
+        word = _WORD.get(owner.get("asked"), "float16")
+        parts = [f"{name}{version} was asked for {owner.get('asked')}; on a CPU it {owner.get('refused')}. The trace emulated "
+                 f"its {word} path ({owner.get('emulation')}) and every observation below is of that emulation"]
         if ls:
             parts.append(f"loss scale {ls['scale_first']:g} -> {ls['scale_last']:g} over {ls['steps']} scaled steps, "
                          f"{len(ls['skipped_steps'])} skipped" + (f" ({', '.join(map(str, ls['skipped_steps'][:10]))})"
                                                                   if ls["skipped_steps"] else ""))
+        elif word == "bfloat16":
+            parts.append("bfloat16 needs no GradScaler: there is no loss scale, skipped step or unscale to observe")
         else:
             parts.append("no scaled optimizer step completed")
         if sched:
@@ -182,10 +188,12 @@ def findings(raw: dict, precision: dict, fw_section: dict | None) -> list[Findin
             parts.append(f"the LR scheduler stepped after {n} of the {len(sched['skipped_steps'])} skipped steps")
         elif ls:
             parts.append("no step was skipped, so whether the LR scheduler steps on skipped steps was not observed")
-        parts.append(f"clipping: {fw_section.get('clip_order')}")
-        return [Finding(EMULATED[0], EMULATED[1], Severity.INFO, "; ".join(parts) + ".",
-                        "On a GPU the same code runs this path natively; numbers (skips, overflow) depend on the GPU's "
-                        "float16 kernels and may differ", where, "fp16",
+        if ls or word != "bfloat16":
+            parts.append(f"clipping: {fw_section.get('clip_order')}")
+        msg = "; ".join(parts) + "."
+        return [Finding(EMULATED[0], EMULATED[1], Severity.INFO, msg[0].upper() + msg[1:],
+                        f"On a GPU the same code runs this path natively; numbers (skips, overflow) depend on the GPU's "
+                        f"{word} kernels and may differ", where, "bf16" if word == "bfloat16" else "fp16",
                         {"seen": SEEN, "emulated": True, **{k: owner.get(k) for k in ("framework", "version", "asked")},
                          "loss_scaling": ls or None, "scheduler_on_skipped": sched})]
     return []

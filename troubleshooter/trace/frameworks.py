@@ -212,6 +212,29 @@ def _after_hf_trainer(out, trainer, *args, **kwargs) -> None:
            "max_grad_norm": getattr(targs, "max_grad_norm", None), **_where()})
 
 
+def _patch_hf_training_args(module) -> None:
+    """transformers 5.24 refuses `bf16=True` without a GPU ("Your setup doesn't support bf16/gpu. You need to
+    assign use_cpu if you want to train the model on CPU."): emulated by letting the check pass on a host
+    with no CUDA at all; accelerate then trains in bfloat16 CPU autocast, as the GPU run would in bf16."""
+    def make(original):
+        def is_torch_bf16_gpu_available(*args, **kwargs):
+            real = original(*args, **kwargs)
+            if real or not _emulate:
+                return real
+            import torch
+            if torch.cuda.is_available():
+                return real  # a GPU without bf16: the user's error is real
+            if not any(e.get("framework") == "hf_trainer" and e.get("emulated") for e in LOG["frameworks"]):
+                _note({"framework": "hf_trainer", "version": _version("transformers"), "asked": "bf16",
+                       "refused": "refuses bf16=True without a GPU (\"Your setup doesn't support bf16/gpu. You need to "
+                                  "assign use_cpu if you want to train the model on CPU.\")",
+                       "emulated": True, "emulation": "the check let through; accelerate trains in bfloat16 CPU "
+                                                      "autocast, as the GPU run does in bfloat16", **_where()})
+            return True
+        return is_torch_bf16_gpu_available
+    _wrap_once(module, "is_torch_bf16_gpu_available", make)
+
+
 def _patch_hf_trainer(module) -> None:
     _wrap_once(getattr(module, "Trainer", None), "__init__", _observe(after=_after_hf_trainer))
 
@@ -264,6 +287,7 @@ PATCHERS: dict[str, Callable] = {
     "lightning.pytorch.core.module": _patch_lightning_module,
     "pytorch_lightning.core.module": _patch_lightning_module,
     "transformers.trainer": _patch_hf_trainer,
+    "transformers.training_args": _patch_hf_training_args,
     "torch.distributed.fsdp.fully_sharded_data_parallel": _patch_fsdp1,
     "torch.distributed.fsdp._fully_shard._fully_shard": _patch_fsdp2,
     "torch.distributed.fsdp.sharded_grad_scaler": _patch_sharded_scaler,
