@@ -56,15 +56,16 @@ class ConfigFile:
         return self.get(*keys, default=marker) is not marker
 
     def line_of(self, *keys: str) -> int | None:
-        """The line of the last key of a path (`"fp16"` then `"enabled"`), searched in order."""
-        start = 0
-        line = None
+        """The line of the last key of a path (`"fp16"` then `"enabled"`), each searched after the one
+        before it (on the same line too: `"fp16": {"enabled": true}`)."""
         lines = self.text.splitlines()
+        row, col, line = 0, 0, None
         for k in keys:
             pat = re.compile(r'(^|[\s{,])["\']?' + re.escape(k) + r'["\']?\s*:')
-            for i in range(start, len(lines)):
-                if pat.search(lines[i]):
-                    line, start = i + 1, i + 1
+            for i in range(row, len(lines)):
+                mt = pat.search(lines[i], col if i == row else 0)
+                if mt:
+                    row, col, line = i, mt.end(), i + 1
                     break
             else:
                 return line

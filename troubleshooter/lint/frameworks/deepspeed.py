@@ -141,10 +141,17 @@ def configs(m) -> list[DSConfig]:
                 d = literal_dict(node, m)
                 if d and _looks_like_ds(d):
                     add(DSConfig(d, node, None, node))
-        if uses_deepspeed(m):
+        anchor = (initialize_calls(m) or [None])[0] or (m.tree.body[0] if m.tree.body else None)
+        for acc in configs_of(m).of_kind("accelerate"):  # `accelerate launch` with a DeepSpeed plugin config
+            named = acc.get("deepspeed_config", "deepspeed_config_file")
+            cfg = configs_of(m).named(named) if isinstance(named, str) else None
+            if cfg is not None and anchor is not None and imports(m, "accelerate"):
+                add(DSConfig(cfg.data, anchor, cfg, beside=True))
+        if anchor is not None and (uses_deepspeed(m) or imports(m, "transformers", "trl", "accelerate")):
+            # `--deepspeed ds_config.json` / `accelerate launch --deepspeed_config_file`: a DeepSpeed JSON beside
+            # a Trainer or Accelerate script is probably the one it runs with (a warning, never an error)
             for cfg in configs_of(m).of_kind("deepspeed"):
-                anchor = (initialize_calls(m) or [None])[0]
-                add(DSConfig(cfg.data, anchor or m.tree.body[0], cfg, beside=True))
+                add(DSConfig(cfg.data, anchor, cfg, beside=True))
         return out
     return m.memo.get(("deepspeed_configs",), compute)
 
