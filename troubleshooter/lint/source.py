@@ -42,6 +42,7 @@ class SourceUnit:
     # For notebooks: line in `text` -> line in the raw .ipynb (where GitHub can annotate it).
     raw_lines: dict[int, int] | None = None
     notes: list[str] = field(default_factory=list)  # said to the user, not an error (exit status unchanged)
+    raw: str | None = None  # for notebooks: the JSON as read, where fixes are written back
 
     def locate(self, line: int) -> tuple[int | None, int]:
         if self.cell_map is None or line not in self.cell_map:
@@ -151,7 +152,7 @@ def notebook_unit(raw: str, path: str) -> SourceUnit:
         raise ValueError(f"malformed notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("malformed notebook: no 'cells' list")
-    unit = SourceUnit(path=path, text="", cell_map={}, raw_lines={})
+    unit = SourceUnit(path=path, text="", cell_map={}, raw_lines={}, raw=raw)
     raw_strings = _raw_source_lines(raw)
     cursor = 0
     pieces: list[str] = []

@@ -5,13 +5,16 @@ Nothing in a YAML spec is executed; layers come from an allow-list of torch.nn c
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ValidationError
 
 from . import layers as layer_lib
-from .schema import Spec
+
+if TYPE_CHECKING:  # pydantic is imported only to validate a YAML spec: presets load without it
+    from pydantic import ValidationError
+
+    from .schema import Spec
 
 MAX_SPEC_BYTES = 256 * 1024  # a layer stack is a few KiB; more is not a spec
 MAX_EXPANDED_NODES = 20_000  # nodes after expanding aliases: a billion-laughs file is refused here
@@ -165,6 +168,10 @@ def _pydantic_problems(err: ValidationError, lines: dict[tuple, int]) -> list[st
 
 
 def validate_schema(data: dict, lines: dict[tuple, int]) -> tuple[Spec | None, list[str]]:
+    from pydantic import ValidationError
+
+    from .schema import Spec
+
     try:
         return Spec.model_validate(data), []
     except ValidationError as err:
