@@ -1,7 +1,7 @@
 """AMP130 framework-grads-before-unscale."""
 import ast
 
-from ..analysis import CLIP, FW_CLIP, GRAD, HELPER_OPT_STEP, OPT_STEP, SCALER_STEP, UNSCALE, func_tail
+from ..analysis import CLIP, FW_CLIP, GRAD, HELPER_OPT_STEP, OPT_STEP, SCALER_STEP, UNSCALE, compatible, func_tail
 from ..frameworks import lightning
 from ._frameworks import after, framework_backwards, framework_name, is_framework_call, precision_note, severity
 from .base import Hit, Rule
@@ -76,13 +76,16 @@ for batch in loader:
                 if sev is None:
                     continue
                 manual = setup.framework == "lightning"
+                ends: list = []  # unscales and steps after the backward: they end its scaled gradients
                 for e in after(s, b):
-                    if e.kind in (OPT_STEP, SCALER_STEP, HELPER_OPT_STEP, UNSCALE):
-                        break
-                    if is_framework_call(m, e) and not (manual and e.recv == "self"):
-                        break  # accelerator.clip_grad_norm_ / fabric.clip_gradients unscale first
+                    if e.kind in (OPT_STEP, SCALER_STEP, HELPER_OPT_STEP, UNSCALE) or \
+                            (is_framework_call(m, e) and not (manual and e.recv == "self")):
+                        ends.append(e)  # accelerator.clip_grad_norm_ / fabric.clip_gradients unscale first
+                        continue
                     if e.kind not in (CLIP, GRAD, FW_CLIP) or e.line in seen:
                         continue
+                    if any(compatible(x, e) for x in ends):
+                        continue  # on this path the gradients were already unscaled (or stepped)
                     if e.kind == GRAD and not value_read(m, s, e.node):
                         continue  # `torch.isnan(p.grad)`, `g = p.grad` then zeroing rows: no value that the scale changes
                     seen.add(e.line)

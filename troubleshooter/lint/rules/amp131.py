@@ -86,7 +86,9 @@ for batch in loader:
                                     f"runs on every micro-batch of `with {text(block.items[0].context_expr)}:` "
                                     f"(line {block.lineno}) but the optimizer steps only when gradients sync")
                     continue
-                acc = next((a for a in micro if a.per_micro(e)), None)
+                acc = None if _sync_guarded(e) else next(
+                    (a for a in micro if a.per_micro(e) or (a.kind == "guard" and e.loops == a.backwards[0].loops
+                                                            and all(g.node is not a.node for g in e.guards))), None)
                 if acc is not None:
                     reported.add(e.line)
                     yield self._hit(e, setup, sev, f"runs on every micro-batch while the optimizer steps once per "
