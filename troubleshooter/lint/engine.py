@@ -110,7 +110,9 @@ def _noqa_codes(line: str) -> set[str] | None:
     return {c.strip().upper() for c in codes.split(",")} if codes else set()
 
 
-def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
+def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -> LintReport:
+    """Lint one unit. `read_configs`: the unit is a file on disk, and framework config files beside
+    it (accelerate YAML, DeepSpeed JSON, Lightning CLI YAML) may be read (lint/frameworks/configs.py)."""
     report = LintReport(errors=list(unit.errors), files=1, notes=list(unit.notes))
     if not unit.text.strip():
         return report
@@ -127,6 +129,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
         return report
     try:
         model = FileModel(tree, unit.text)
+        model.script_path = unit.path if read_configs else None
     except RecursionError:
         report.errors.append(LintError(unit.path, "code is nested too deeply to analyse"))
         return report
