@@ -3,14 +3,17 @@
 Gradio derives each endpoint's parameters from these signatures, so the parameter names and
 defaults below are the documented contract (docs/app.md). Each calls the same library function
 the page's event calls. JSON results travel as JSON text (`gradio_client` would try to download
-any dict with a string "path" key, and findings have one); files travel as `FileData`.
-A user's mistake raises `gr.Error` with the readable message (never a traceback).
+any dict with a string "path" key, and findings have one); files travel as `FileData`. Every
+output is named and described (`endpoint(returns=...)`), so `client.view_api()` shows what comes
+back; new outputs are appended, never inserted. A user's mistake raises `gr.Error` with the
+readable message in the API's words (never a traceback, never a command-line flag).
 """
 from __future__ import annotations
 
 import functools
 import json
-from typing import Callable
+from inspect import signature as signature_of
+from typing import Callable, get_args, get_origin
 
 import gradio as gr
 from gradio import FileData
@@ -18,40 +21,70 @@ from gradio import FileData
 from . import check, common, diagnose, questionnaire, recipe, specinput, speedup, trace
 
 
-def as_json_text(value) -> str:
-    """A JSON-able result as text: the objects the CLI prints with `--format json`."""
-    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+def as_json_text(value, words: bool = True) -> str:
+    """A JSON-able result as text: the objects the CLI prints with `--format json`, their
+    messages in the API's words (`budget_s`, not `--budget`) unless `words` is False."""
+    return json.dumps(common.api_words(value) if words else value, indent=2, default=str, ensure_ascii=False)
 
 
 def _file(path: str | None) -> FileData | None:
     return FileData(path=path) if path else None
 
 
-def endpoint(fn: Callable) -> Callable:
-    """Errors become `gr.Error(readable message)`; the signature (gradio reads it) is kept."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a message for the caller
-            raise gr.Error(common.error_message(exc), print_exception=False) from None
-
-    return wrapper
+# What each output of an endpoint is, by position: (name, description), shown by
+# `client.view_api()` beside its type. New outputs are appended, so positions never move.
+JSON_TEXT = "JSON text (json.loads it)"
 
 
-@endpoint
+def endpoint(*returns: tuple[str, str], params: dict[str, str] | None = None) -> Callable:
+    """Publishable endpoint: errors become `gr.Error(readable message)` in the API's words; the
+    signature is resolved (gradio reads the types of parameters and returns from it: a string
+    annotation would show as `Any`); `returns` and `params` document the outputs and inputs."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a message for the caller
+                raise gr.Error(common.error_message(exc, surface="api"), print_exception=False) from None
+
+        signature = signature_of(fn, eval_str=True)
+        shape = signature.return_annotation
+        n = len(get_args(shape)) if get_origin(shape) is tuple else 1
+        if n != len(returns):
+            raise TypeError(f"{fn.__name__}: {n} outputs annotated, {len(returns)} documented")
+        wrapper.__signature__ = signature
+        wrapper.returns = returns
+        wrapper.params = dict(params or {})
+        return wrapper
+
+    return wrap
+
+
+@endpoint(("report", f"{JSON_TEXT}: lint --format json's object, each finding with `fixable` and its safe `fix`"),
+          ("report_md", "the report as Markdown (file)"),
+          ("report_json", "the report as JSON (file)"),
+          ("fixed_script", "the script with every safe mechanical fix applied; empty when none applies "
+                           "(notebooks are not rewritten)"),
+          ("diff", "unified diff from the script to fixed_script; empty when none applies"),
+          ("fixed_file", "fixed_script as a file, in the script's declared encoding (none when no fix applies)"),
+          ("diff_file", "the diff as a file (none when no fix applies)"),
+          params={"select": "comma-separated rule ids or prefixes to report (e.g. AMP1)",
+                  "ignore": "comma-separated rule ids or prefixes to leave out"})
 def lint(code: str = "", file: FileData | None = None, select: str = "", ignore: str = "") \
-        -> tuple[str, FileData, FileData]:
-    """Lint pasted `code` or an uploaded .py/.ipynb `file`: (report JSON, report.md, report.json).
-    `select`/`ignore`: comma-separated rule ids or prefixes (e.g. "AMP1", "AMP121,AMP123")."""
+        -> tuple[str, FileData, FileData, str, str, FileData | None, FileData | None]:
+    """Lint pasted `code` or an uploaded .py/.ipynb `file` (the upload wins when both are given):
+    the report, its downloads, and the corrected script with its diff where a safe fix applies."""
     r = diagnose.lint_script(code, file, select, ignore)
-    return as_json_text(r["report"]), FileData(path=r["md_path"]), FileData(path=r["json_path"])
+    return (as_json_text(r["report"], words=False), FileData(path=r["md_path"]), FileData(path=r["json_path"]),
+            r["fixed_text"] or "", r["diff"] or "", _file(r["fixed_path"]), _file(r["diff_path"]))
 
 
-@endpoint
+@endpoint(("rules", f"{JSON_TEXT}: the list of rules, or the one rule asked for"),
+          ("explanation", "the rule's explanation as Markdown (empty for the list)"))
 def rules(rule_id: str = "") -> tuple[str, str]:
     """All rules (empty `rule_id`), or one rule and its Markdown explanation."""
     table = diagnose.rules_table()
@@ -62,68 +95,90 @@ def rules(rule_id: str = "") -> tuple[str, str]:
     return as_json_text(next((r for r in table if r["id"] == rid), {"id": rid})), text
 
 
-@endpoint
+@endpoint(("report", f"{JSON_TEXT}: check --format json's object (capability, alignment, skiprate, nan, "
+                     "headroom, findings, budget)"),
+          ("skiprate_png", "the fp16 loss-scale plot (file; none when the skip-rate probe did not run)"),
+          params={"checks": "comma-separated: " + ", ".join(check.CHECK_NAMES),
+                  "budget_s": "seconds shared by the checks"})
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
                 checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
                 budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
-    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
+    seconds: the check report and the skip-rate plot."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
     report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
     return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
 
-@endpoint
+@endpoint(("report", f"{JSON_TEXT}: inspect --format json's object (what is present, dtypes, findings)"))
 def inspect(checkpoint: FileData | None = None) -> str:
     """What a checkpoint holds (dtypes, scaler/optimizer/scheduler state), loaded without running code."""
     return as_json_text(check.inspect_upload(checkpoint))
 
 
-@endpoint
+@endpoint(("capability", f"{JSON_TEXT}: the device's capability report (bf16/fp16/tf32 support, recommended "
+                         "precision and why)"))
 def capability(device: str = "auto") -> str:
     """The capability report of a device of this host (`auto`, `cpu`, `cuda:0`)."""
     return as_json_text(check.capability(device))
 
 
-@endpoint
+@endpoint(("result", f"{JSON_TEXT}: speedup --format json's object; results.<precision>.speedup_vs_fp32 is the "
+                     "median of the paired per-round ratios"),
+          ("plot_png", "step time and peak memory per precision (file)"),
+          params={"precisions": "comma-separated: " + ", ".join(speedup.PRECISIONS)})
 def speedup_check(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None, device: str = "auto",
                   precisions: str = ",".join(speedup.PRECISIONS), budget_s: float = 30,
                   compile: bool = False) -> tuple[str, FileData | None]:
-    """Time fp32/TF32/fp16/bf16 training steps: (the `speedup --format json` object, the plot PNG)."""
+    """Time fp32/TF32/fp16/bf16 training steps: the speedup result and its plot."""
     source = specinput.source_for_api(preset, yaml_text, spec_file)
     result = speedup.measure(source, device, precisions, budget_s, compile)
     return as_json_text(result), _file(common.save_figure(speedup.figure(result), "speedup.png"))
 
 
-@endpoint
+@endpoint(("decision", f"{JSON_TEXT}: ask --format json's object (precision, reasons, warnings; gpu_detected "
+                       "when gpu was left empty)"),
+          ("loop", "the generated training loop (Python source)"),
+          ("train_amp_py", "the same loop as train_amp.py (file)"),
+          params={"answers": 'a JSON object with the keys of `ask`, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}'})
 def recommend(answers: str = "{}") -> tuple[str, str, FileData]:
-    """Answers (a JSON object, keys of `ask`) -> (decision JSON, generated loop, train_amp.py).
+    """Answers -> FP16, BF16 or FP32 with the reason for each decision, and a generated training loop.
     An empty or missing `gpu` means this server's device; the decision then has `gpu_detected`."""
     d, code, path = questionnaire.recommend_with_loop(questionnaire.parse_answers(answers))
     return as_json_text(d), code, FileData(path=path)
 
 
-@endpoint
+@endpoint(("report", f"{JSON_TEXT}: explain --format json's object (matches with cause and fix, symptoms, "
+                     "verdict)"))
 def explain(text: str = "") -> str:
-    """A pasted error message or training log -> the explain report JSON."""
-    return as_json_text(questionnaire.explain(text)["report"])
+    """A pasted error message or training log -> what it means for mixed precision and the fix."""
+    return as_json_text(questionnaire.explain(text)["report"], words=False)  # quotes the user's log
 
 
-@endpoint
+@endpoint(("loop", "the generated training loop (Python source)"),
+          ("train_amp_py", "the same loop as train_amp.py (file)"),
+          params={"options": 'a JSON object of recipe options, e.g. {"precision": "bf16", "clip": 1.0}'})
 def recipe_loop(options: str = "{}") -> tuple[str, FileData]:
-    """Recipe options (a JSON object, e.g. {"precision": "bf16", "clip": 1.0}) -> (loop, train_amp.py)."""
+    """Recipe options -> a training loop that is right by construction."""
     code, path = recipe.render(recipe.parse_options(options))
     return code, FileData(path=path)
 
 
-@endpoint
+@endpoint(("result", f"{JSON_TEXT}: the trace's object (protocol, loss scale, skipped steps, first non-finite "
+                     "module, findings), `script` = the file name"),
+          ("loss_scale_png", "the loss scale per step (file; none when no GradScaler ran)"),
+          params={"args": "the script's command line, split as a shell would (no shell runs it)"})
 def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto") \
         -> tuple[str, FileData | None]:
-    """Run the user's training script for a few steps on this host (only with --allow-exec):
-    (the trace JSON, the loss-scale plot PNG or none)."""
+    """Run the user's training script for a few steps on this host (only where the server allows
+    running uploaded code): what its mixed precision really did."""
     result = trace.run("", script, args, steps, device)
-    return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
+    for finding in result.get("findings") or []:  # our advice in the API's words; the rest quotes the script
+        if isinstance(finding, dict) and isinstance(finding.get("suggestion"), str):
+            finding["suggestion"] = common.for_api(finding["suggestion"])
+    return (as_json_text(result, words=False),
+            _file(common.save_figure(trace.scale_figure(result), "loss_scale.png")))
 
 
 FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
@@ -132,13 +187,31 @@ FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap
 def register(gpu_queue: dict, lint_queue: dict) -> None:
     """Publish every endpoint under its documented name (inside a `gr.Blocks`). Jobs that use
     a device share the page's GPU queue, lints the page's lint queue (concurrency_id + limit)."""
-    gr.api(lint, api_name="lint", **lint_queue)
-    gr.api(rules, api_name="rules", **FAST)
-    gr.api(check_model, api_name="check", **gpu_queue)
-    gr.api(inspect, api_name="inspect", **FAST)
-    gr.api(capability, api_name="capability", **gpu_queue)
-    gr.api(speedup_check, api_name="speedup", **gpu_queue)
-    gr.api(recommend, api_name="recommend", **FAST)
-    gr.api(explain, api_name="explain", **FAST)
-    gr.api(recipe_loop, api_name="recipe", **FAST)
-    gr.api(trace_run, api_name="trace", **gpu_queue)
+    publish(lint, "lint", **lint_queue)
+    publish(rules, "rules", **FAST)
+    publish(check_model, "check", **gpu_queue)
+    publish(inspect, "inspect", **FAST)
+    publish(capability, "capability", **gpu_queue)
+    publish(speedup_check, "speedup", **gpu_queue)
+    publish(recommend, "recommend", **FAST)
+    publish(explain, "explain", **FAST)
+    publish(recipe_loop, "recipe", **FAST)
+    publish(trace_run, "trace", **gpu_queue)
+
+
+def publish(fn: Callable, api_name: str, **queue) -> None:
+    """`gr.api` with what it leaves out: each output named and described (it labels them 1st,
+    2nd, ...), each documented input described, so `view_api()` says what comes back."""
+    from gradio.context import get_blocks_context
+
+    dep = gr.api(fn, api_name=api_name, **queue)
+    blocks = get_blocks_context().blocks
+    for block_id, (name, description) in zip(dep["outputs"], fn.returns):
+        block = blocks[block_id]
+        block.label = name
+        block._api_info = {**block._api_info, "description": description}
+    names = list(signature_of(fn).parameters)
+    for block_id, name in zip(dep["inputs"], names):
+        if name in fn.params:
+            block = blocks[block_id]
+            block._api_info = {**block._api_info, "additional_description": fn.params[name]}

@@ -105,7 +105,8 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page
-    return (say(render.status_markdown(report)), say(render.section_markdown(report, "capability")),
+    return (f"*{common.stamp()}* · " + say(render.status_markdown(report)),
+            say(render.section_markdown(report, "capability")),
             say(render.findings_markdown(report)), say(render.section_markdown(report, "alignment")),
             render.alignment_rows(report), say(render.section_markdown(report, "skiprate")),
             skiprate_figure(report), say(render.section_markdown(report, "nan")),
@@ -140,7 +141,8 @@ def ui_inspect(upload) -> tuple[str, dict]:
     verbatim, and the JSON report."""
     report = inspect_report(upload)
     n = len(report.findings)
-    head = f"**{common.md_escape(report.path)}**: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings")
+    head = (f"*{common.stamp()}* · **{common.md_escape(report.path)}**: "
+            + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings"))
     return f"{head}\n\n```text\n{report.to_text()}```\n", report.to_dict()
 
 
