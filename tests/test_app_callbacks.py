@@ -354,6 +354,17 @@ def test_the_one_error_comes_first_and_the_infos_fold_away():
     assert findings_table.infos_label(1).startswith("1 info:")
 
 
+def test_check_findings_are_listed_worst_first():
+    from troubleshooter.engine import check_render as render
+    from troubleshooter.engine.check_report import CheckReport
+    from troubleshooter.findings import Finding
+
+    hint, error = Finding("AMP201", "dimension-not-aligned", "info", "pad", "p"), \
+        Finding("AMP205", "fp16-overflow", "error", "overflows", "o")
+    text = render.findings_markdown(CheckReport(device={"type": "cpu"}, spec={"name": "m"}, findings=[hint, error]))
+    assert text.index("AMP205") < text.index("AMP201")
+
+
 def test_a_clicked_row_maps_to_its_finding_by_index(tmp_path):
     from troubleshooter.ui import diagnose
 

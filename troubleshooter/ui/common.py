@@ -152,47 +152,35 @@ def public_text(text: str) -> str:
 
 # Advice written for the command line, reworded for the page and for the API: their users set
 # these through controls or parameters, and cannot set the server's options or environment.
-_OPERATOR_LIMITS = [
-    (re.compile(r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)"),
-     " (a limit this server's operator sets)"),
-    (re.compile(r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?"), "the server's model-size limit"),
-    (re.compile(r"\b[Rr]aise --timeout\b"), "Ask the server's operator for a longer time limit"),
+# (pattern, the page's words, the API's words)
+_CLI_ADVICE = [
+    (r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)",
+     " (a limit this server's operator sets)", " (a limit this server's operator sets)"),
+    (r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?", "the server's model-size limit", "the server's model-size limit"),
+    (r"\b[Rr]aise --timeout\b", "Ask the server's operator for a longer time limit",
+     "Ask the server's operator for a longer time limit"),
+    (r"\s*\(--only\)", "", " (checks)"),
+    (r"--only names no check", "choose at least one check", "checks names no check"),
+    (r"a larger --budget\b", "a larger time budget", "a larger budget_s"),
+    (r"--budget\b", "the time budget", "budget_s"),
+    (r"\(run without --compile\)", "(run without torch.compile)", "(compile=False)"),
+    (r"try --compile\b", "try torch.compile", "try compile=True"),
+    (r"run with --device (\w+)", r"choose the device \1", r'pass device="\1"'),
+    (r"\(use --device (\w+)\)", r"(choose the device \1)", r'(device="\1")'),
+    (r"in --precisions\b", "in the precisions", "in precisions"),
+    (r"--precisions\b", "the precisions", "precisions"),
+    (r"--only\b", "the checks", "checks"),
+    (r"--(select|ignore)\b", r"\1", r"\1"),
+    (r"see `python -m troubleshooter rules`", "see the rule list (Explain a rule, in the Diagnose tab)",
+     "see the /rules endpoint"),
+    (r"`python -m troubleshooter check`", "the Check a model tab", "the /check endpoint"),
+    (r"`python -m troubleshooter speedup`", "the Speedup check tab", "the /speedup endpoint"),
+    (r"run `python -m troubleshooter lint [^`]*`", "diagnose the script (the Diagnose a script tab)",
+     "lint the script (the /lint endpoint)"),
+    (r"--steps\b", "steps", "steps"),
 ]
-_PAGE_WORDS = _OPERATOR_LIMITS + [
-    (re.compile(r"\s*\(--only\)"), ""),
-    (re.compile(r"--only names no check"), "choose at least one check"),
-    (re.compile(r"a larger --budget\b"), "a larger time budget"),
-    (re.compile(r"--budget\b"), "the time budget"),
-    (re.compile(r"\(run without --compile\)"), "(run without torch.compile)"),
-    (re.compile(r"try --compile\b"), "try torch.compile"),
-    (re.compile(r"run with --device (\w+)"), r"choose the device \1"),
-    (re.compile(r"\(use --device (\w+)\)"), r"(choose the device \1)"),
-    (re.compile(r"in --precisions\b"), "in the precisions"),
-    (re.compile(r"--precisions\b"), "the precisions"),
-    (re.compile(r"--only\b"), "the checks"),
-    (re.compile(r"--(select|ignore)\b"), r"\1"),
-    (re.compile(r"see `python -m troubleshooter rules`"), "see the rule list (Explain a rule, in the Diagnose tab)"),
-    (re.compile(r"`python -m troubleshooter check`"), "the Check a model tab"),
-    (re.compile(r"`python -m troubleshooter speedup`"), "the Speedup check tab"),
-    (re.compile(r"run `python -m troubleshooter lint [^`]*`"), "diagnose the script (the Diagnose a script tab)"),
-    (re.compile(r"--steps\b"), "steps"),
-]
-_API_WORDS = _OPERATOR_LIMITS + [
-    (re.compile(r"\s*\(--only\)"), " (checks)"),
-    (re.compile(r"--only names no check"), "checks names no check"),
-    (re.compile(r"--budget\b"), "budget_s"),
-    (re.compile(r"\(run without --compile\)"), "(compile=False)"),
-    (re.compile(r"try --compile\b"), "try compile=True"),
-    (re.compile(r"run with --device (\w+)"), r'pass device="\1"'),
-    (re.compile(r"\(use --device (\w+)\)"), r'(device="\1")'),
-    (re.compile(r"--precisions\b"), "precisions"),
-    (re.compile(r"--only\b"), "checks"),
-    (re.compile(r"--(select|ignore)\b"), r"\1"),
-    (re.compile(r"see `python -m troubleshooter rules`"), "see the /rules endpoint"),
-    (re.compile(r"`python -m troubleshooter (check|speedup)`"), r"the /\1 endpoint"),
-    (re.compile(r"run `python -m troubleshooter lint [^`]*`"), "lint the script (the /lint endpoint)"),
-    (re.compile(r"--steps\b"), "steps"),
-]
+_PAGE_WORDS = [(re.compile(pattern), page) for pattern, page, _ in _CLI_ADVICE]
+_API_WORDS = [(re.compile(pattern), api) for pattern, _, api in _CLI_ADVICE]
 
 
 def for_page(text: str) -> str:
@@ -221,7 +209,7 @@ def api_words(value):
     """A JSON result with every message in the API's words (`for_api`); code, fixes and
     measurements are left exactly as they are."""
     if isinstance(value, str):
-        return for_api(value) if "--" in value or "troubleshooter" in value else value
+        return for_api(value) if "--" in value or "troubleshooter" in value.lower() else value
     if isinstance(value, dict):
         return {k: v if k in _DATA_KEYS else api_words(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

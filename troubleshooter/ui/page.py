@@ -215,7 +215,7 @@ def _speedup_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,  # full width
                          wrap=True, elem_id="speed-table",
-                         column_widths=["8%", "8%", "7%", "12%", "10%", "7%", "15%", "33%"])
+                         column_widths=["8%", "8%", "7%", "12%", "9%", "14%", "14%", "28%"])
     outputs = [status, table, plot, verdict, json_file]
     run.click(None, js=scroll_to("speed-status"), queue=False, api_visibility="private")
     run.click(page_event(speedup.ui_speedup, len(outputs), progress=True), [*model, device, precisions, budget, compile_],

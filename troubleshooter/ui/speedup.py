@@ -11,8 +11,10 @@ from .server import SETTINGS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 MAX_BUDGET_S = 600.0
+# the speedup is the median of the paired per-round ratios (docs/speedup.md), not the ratio of the
+# median columns beside it: the header says which
 TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory",
-                 "speedup vs fp32: median of paired rounds (95% interval)",
+                 "speedup vs fp32 (paired median, 95% interval)",
                  "final loss (Δ vs fp32)", "note"]
 
 
