@@ -123,7 +123,9 @@ def test_diagnose_an_uploaded_script(page, tmp_path):
 def test_the_one_error_is_the_first_row_and_the_infos_fold_away(page):
     """Issue 27: sorted by line, five padding hints filled the table and buried the only error."""
     open_tab(page, "Diagnose a script")
-    page.locator("#lint-upload button[aria-label='Clear']").first.click()
+    clear = page.locator("#lint-upload button[aria-label='Clear']")
+    if clear.count():  # an earlier test's upload
+        clear.first.click()
     upload(page, "lint-upload", FIXTURES / "app" / "one_error_five_infos.py")
     page.locator("#lint-run").click()
     status = page.locator("#lint-status")
