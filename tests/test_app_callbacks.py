@@ -122,7 +122,7 @@ def test_page_event_turns_errors_into_a_status_message():
     assert out[0].startswith("> **Error**") and "photo.png is not a script" in out[0]
     assert out[1:] == (None, None)
     hidden = object()  # a layout, which None cannot clear
-    assert page_event(cb, 3, blank={2: hidden})("photo.png")[1:] == (None, hidden)
+    assert page_event(cb, 3, blank={2: lambda: hidden})("photo.png")[1:] == (None, hidden)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
         endpoint(("value", "what comes back"))(cb)("photo.png")
 

@@ -24,7 +24,8 @@ def _relay(tracker):
 def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool = True,
                progress: bool = False, blank: dict | None = None) -> Callable:
     """Wrap a page callback: on error, show it in output `status_index`, clear (or keep) the rest
-    (`blank` maps an output's index to what clears it when None cannot, e.g. a hidden layout).
+    (`blank` maps an output's index to a function making what clears it when None cannot, e.g.
+    a hidden layout: made then, since a component made while the page is built joins the page).
     With `progress`, gradio injects a tracker and `fn` gets it as its `progress` callable."""
 
     def call(args: tuple, kwargs: dict):
@@ -34,8 +35,8 @@ def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool 
             message = common.error_message(exc)
             gr.Warning(message.splitlines()[0][:300], title="Could not do that")
             out = [None if clear else gr.skip()] * n_outputs
-            for index, value in (blank or {}).items():
-                out[index] = value if clear else gr.skip()
+            for index, make in (blank or {}).items():
+                out[index] = make() if clear else gr.skip()
             out[status_index] = common.error_markdown(message)
             return out[0] if n_outputs == 1 else tuple(out)
 

@@ -129,10 +129,10 @@ def _diagnose_tab() -> None:
         name = diagnose.input_name(code_text, upload_file)
         return lint_view(code_text, upload_file, f"Running **{common.md_escape(name)}** on this host…")
 
-    hidden_box = gr.Accordion(visible=False)
     outputs = [status, table, infos_box, info_table, md_file, json_file, rule, fixed_note, fixed_code, diff,
                fixed_file, diff_file, row_rules, info_rules, lint_rows, lint_rules, trace_status, trace_plot]
-    blank = {2: hidden_box, 17: gr.Plot(value=None, visible=False)}
+    # made when an error clears them (a component made here, at build time, would join the page)
+    blank = {2: lambda: gr.Accordion(visible=False), 17: lambda: gr.Plot(value=None, visible=False)}
     run.click(None, js=scroll_to("lint-status"), queue=False, api_visibility="private")
     run.click(page_event(lint_view, len(outputs), blank=blank), [code, upload], outputs,
               **lint_queue(), **page("ui_lint"))
@@ -144,6 +144,8 @@ def _diagnose_tab() -> None:
 
     def trace_and_show(*args, progress=None):
         status_md, rows, rules, fig = trace.ui_trace(*args, progress=progress)
+        static = len(args[4] or [])  # the run's own rows follow: their message and fix in the page's words
+        rows = rows[:static] + [[*r[:4], *map(common.for_page, r[4:])] for r in rows[static:]]
         main, box, infos, main_rules, infos_rules = shown(rows, rules)
         return (f"*{common.stamp()}* · {common.for_page(status_md)}", main, box, infos, main_rules, infos_rules,
                 gr.Plot(value=fig, visible=fig is not None))
