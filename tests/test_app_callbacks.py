@@ -124,14 +124,14 @@ def test_page_event_turns_errors_into_a_status_message():
     hidden = object()  # a layout, which None cannot clear
     assert page_event(cb, 3, blank={2: lambda: hidden})("photo.png")[1:] == (None, hidden)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
-        endpoint(("value", "what comes back"))(cb)("photo.png")
+        endpoint(cb)("photo.png")
 
     def short(x):  # each surface words the engine's advice for its own controls
         raise UserError("not run: the time budget was spent (raise --budget); not selected (--only)")
 
     page_text = page_event(short, 1)("x")
     with pytest.raises(gr.Error) as api_error:
-        endpoint(("value", "what comes back"))(short)("x")
+        endpoint(short)("x")
     assert "--" not in page_text and "raise the time budget" in page_text
     assert "--" not in str(api_error.value) and "raise budget_s" in str(api_error.value)
 
@@ -327,12 +327,20 @@ def test_job_timeout_holds_for_an_uploaded_python_model_file(tmp_path, monkeypat
 def test_api_json_speaks_the_apis_words_and_leaves_code_and_data_alone():
     from troubleshooter.ui import api
 
-    out = json.loads(api.as_json_text({"skipped": {"nan": "not selected (--only)"},
-                                       "verdict": {"reasons": ["rerun with a larger --budget"]},
-                                       "fix": {"content": "x --budget y"}, "argv": ["--steps", "3"]}))
+    check_json = {"skipped": {"nan": "not selected (--only)"}, "fix": {"content": "x --budget y"},
+                  "verdict": {"reasons": ["rerun with a larger --budget"]}, "argv": ["--steps", "3"],
+                  "recommendation": {"reason": "(the nan check names the module: python -m troubleshooter "
+                                               "check --only nan)"}}
+    out = json.loads(api.worded(lambda: (api.as_json_text(check_json), None), api.RETURNS["check"])()[0])
     assert out["skipped"]["nan"] == "not selected (checks)" and out["verdict"]["reasons"] == ["rerun with a larger budget_s"]
+    assert out["recommendation"]["reason"] == '(the nan check names the module: the /check endpoint with checks="nan")'
     assert out["fix"] == {"content": "x --budget y"} and out["argv"] == ["--steps", "3"]
-    assert json.loads(api.as_json_text({"message": "--budget"}, words=False)) == {"message": "--budget"}
+    # a trace's messages quote what the script printed; only its own advice is reworded
+    trace_json = {"findings": [{"message": "error: unrecognized arguments: --steps 5",
+                                "suggestion": "Raise --timeout, lower --steps, or pass arguments"}]}
+    out = json.loads(api.worded(lambda: (api.as_json_text(trace_json), None), api.RETURNS["trace"])()[0])
+    assert out["findings"][0]["message"] == "error: unrecognized arguments: --steps 5"
+    assert "--" not in out["findings"][0]["suggestion"] and "lower steps" in out["findings"][0]["suggestion"]
 
 
 def test_the_one_error_comes_first_and_the_infos_fold_away():

@@ -159,6 +159,8 @@ _CLI_ADVICE = [
     (r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?", "the server's model-size limit", "the server's model-size limit"),
     (r"\b[Rr]aise --timeout\b", "Ask the server's operator for a longer time limit",
      "Ask the server's operator for a longer time limit"),
+    (r"python -m troubleshooter check --only (\w+)", r"the Check a model tab, with only its \1 check",
+     r'the /check endpoint with checks="\1"'),
     (r"\s*\(--only\)", "", " (checks)"),
     (r"--only names no check", "choose at least one check", "checks names no check"),
     (r"a larger --budget\b", "a larger time budget", "a larger budget_s"),

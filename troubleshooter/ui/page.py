@@ -144,10 +144,12 @@ def _diagnose_tab() -> None:
 
     def trace_and_show(*args, progress=None):
         status_md, rows, rules, fig = trace.ui_trace(*args, progress=progress)
-        static = len(args[4] or [])  # the run's own rows follow: their message and fix in the page's words
-        rows = rows[:static] + [[*r[:4], *map(common.for_page, r[4:])] for r in rows[static:]]
+        # the run's own rows follow the static ones: their fix in the page's words (the message and
+        # the status quote what the script printed, which stays as printed)
+        static = len(args[4] or [])
+        rows = rows[:static] + [[*r[:5], common.for_page(r[5])] for r in rows[static:]]
         main, box, infos, main_rules, infos_rules = shown(rows, rules)
-        return (f"*{common.stamp()}* · {common.for_page(status_md)}", main, box, infos, main_rules, infos_rules,
+        return (f"*{common.stamp()}* · {status_md}", main, box, infos, main_rules, infos_rules,
                 gr.Plot(value=fig, visible=fig is not None))
 
     # A run first diagnoses the same input again (the table and reports then belong to the script
