@@ -266,12 +266,12 @@ def _check_tab() -> None:
                 inspect_md = gr.Markdown(elem_id="check-inspect-result")
                 inspect_json = gr.JSON(label="Checkpoint report (JSON)", open=False)
     outputs = [status, capability, findings, align_md, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
-    # the button sits below the model picker; the results (and a bad spec's problems) start at the top
-    run.click(None, js=scroll_to("check-status"), queue=False, api_visibility="private")
     run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget], outputs,
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))
+    # the Run button sits below the model picker; the results (and a bad spec's problems) start at the top
+    run.click(None, js=scroll_to("check-status"), queue=False, api_visibility="private")
 
 
 def _question_control(q: dict):
