@@ -347,7 +347,7 @@ def test_the_one_error_comes_first_and_the_infos_fold_away():
     """Issue 27: sorted by line, five padding hints filled the table above the only error."""
     from troubleshooter.ui import diagnose, findings_table
 
-    r = diagnose.lint_script((FIXTURES / "app" / "one_error_five_infos.py").read_text(), None)
+    r = diagnose.lint_script((FIXTURES / "app" / "one_error.py").read_text(), None)
     assert [row[0] for row in r["rows"]] == ["ERROR"] + ["info"] * 5
     assert r["rows"][0][1].startswith("AMP101") and [f.rule for f in r["findings"]][0] == "AMP101"
     assert "**1 error**, 0 warnings, 5 infos" in r["summary"] and "Results for **pasted.py**" in r["summary"]
