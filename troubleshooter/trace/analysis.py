@@ -121,7 +121,8 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
         if fwd is not None:
             fwd = {**fwd, "step": first["step"]}
         f = _forward_finding(p, {"failed_step": first["step"], "loss_finite": loss_finite,
-                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {})
+                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {},
+                             reference=first.get("reference"))
     elif bwd is not None:
         f = _backward_finding(p, {}, bwd)
     else:
@@ -141,11 +142,6 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     where = first.get("where") or {}
     if where.get("module") is not None and where["module"] != f.location.module:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
-    module = f.location.module
-    maker = _making_module(fwd)
-    if maker is not None and maker != module:
-        data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
-        module = maker
     if fwd is None and not loss_finite and where.get("path") is None:
         # every module output finite, the loss not: the loss was computed outside the model; the
         # ops that made it are not hooked, so point at that step's backward() on it
@@ -153,27 +149,7 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
         if back is not None:
             where = {"path": back["path"], "line": back["line"]}
             data["located_at"] = "the backward() of the non-finite loss; the op that made it runs before"
-    location = Location(path=where.get("path"), line=where.get("line"), module=module)
-    ref = first.get("reference") or {}
-    if maker is not None and p == "fp16" and ref.get("module") == maker and ref.get("finite"):
-        # the maker's output is finite with autocast off: an fp16 overflow that became NaN inside it
-        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
-        return [Finding(
-            "AMP202", "fp16-overflow", Severity.ERROR,
-            f"'{maker or '<root>'}' overflows float16 in the forward pass: its own code makes a non-finite value from "
-            f"finite inputs under fp16 autocast ({(fwd or {}).get('kind', 'nan')} first seen at the input of "
-            f"'{data['first_nonfinite_output']}'), while in float32 its output is finite (max |x| "
-            f"{ref.get('max_abs')}); float16's largest value is 65504 (step {first['step']})",
-            f"Train in bf16 where the hardware supports it; otherwise keep '{maker or '<root>'}' in float32 (run it under "
-            "torch.autocast(device_type, enabled=False) with .float() inputs), or bring its values into range "
-            "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
-            location, "fp16", data)]
-    if maker is not None and p == "fp16" and ref.get("module") != maker:
-        # no float32 run of the maker (parameters already non-finite, or it failed): an fp16
-        # overflow is not ruled out, and the finding must not read as a proven bug of the code
-        data["float32_check"] = "not run"
-        message += (f"; the float32 check of '{maker or '<root>'}' could not run, so an fp16 overflow is not ruled "
-                    "out: if it is finite with autocast off, this is AMP202 (keep it in float32 or use bf16)")
+    location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
 
 

@@ -35,6 +35,7 @@ def main(config_path: str) -> None:
     rec = Recorder(cfg["steps"])
     numerics = Numerics(rec, nan=cfg["nan"], headroom=cfg["headroom"])
     writer = _Writer(cfg["result"], rec, numerics)
+    writer.policy = _autocast_policy(cfg.get("autocast_policy", "cuda"))
 
     def on_step(r, step):
         numerics.on_step(r, step)
@@ -96,7 +97,15 @@ class _Writer:
                 "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
-                "exit": exit_info, "final": exit_info is not None}
+                "exit": exit_info, "final": exit_info is not None, "autocast_policy": self._policy()}
+
+    policy: tuple = ("host", None)
+
+    def _policy(self) -> dict:
+        from ..engine.autocast_policy import describe
+
+        name, run = self.policy
+        return describe(run, name, (_device_used(self.rec).get("type") or "cpu"))
 
     def _write(self, exit_info: dict | None) -> None:
         from ..jsonsafe import jsonable
@@ -116,6 +125,18 @@ class _Writer:
 
     def final(self, exit_info: dict) -> None:
         self._write(exit_info)
+
+
+def _autocast_policy(name: str) -> tuple:
+    """CUDA autocast's op lists for the script's CPU autocast regions, on a host without a GPU
+    (`--autocast-policy cuda`, the default): the trace then answers for the user's GPU."""
+    import torch
+
+    from ..engine.autocast_policy import PolicyRun, cuda_op_lists, install
+
+    if name != "cuda" or torch.cuda.is_available():
+        return (name, None)
+    return (name, install(PolicyRun(cuda_op_lists())).run)
 
 
 def _device_used(rec) -> dict:

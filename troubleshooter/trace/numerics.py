@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import inspect
 import math
-import re
 import sys
 from contextlib import contextmanager
 from functools import partial
@@ -24,7 +23,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..engine.hook_registry import ours, remove
 from ..engine.nanhooks import HookSet, _tensors, number
+from ..engine.nanhunt import blamed_module, made_by
 from .locate import is_user_file
 from .outside import OutsideOps
 from .recorder import Recorder, _autocast_now
@@ -55,19 +56,7 @@ def _state_restored(model: nn.Module):
                 b.copy_(saved)
 
 
-_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
-
-
-def making_module(fwd: dict | None) -> str | None:
-    """The module whose own forward() code (not a submodule) made the first non-finite value:
-    an overflowing `q @ k.T` in Attention.forward shows up first at the input of its `proj`
-    Linear, but the first module to go non-finite is the Attention itself."""
-    if not fwd or fwd.get("inputs_finite") is not False:
-        return None
-    m = _MADE_IN.match(str(fwd.get("source") or ""))
-    if m is None:
-        return None
-    return "" if m.group(1) == "<root>" else m.group(1)  # "": the model's own forward()
+making_module = made_by  # the engine's reading: one place decides which module made a value
 
 
 def _call_kwargs(module: nn.Module) -> dict | None:
@@ -149,9 +138,9 @@ class Numerics:
         if self._outside_watch and self._outside_watch[0][1] is model:
             return
         for handle, _ in self._outside_watch:
-            handle.remove()
-        self._outside_watch = [(model.register_forward_pre_hook(self._pause_outside), model),
-                               (model.register_forward_hook(self._start_outside), model)]
+            remove(handle)
+        self._outside_watch = [(ours(model.register_forward_pre_hook(self._pause_outside)), model),
+                               (ours(model.register_forward_hook(self._start_outside)), model)]
 
     def _pause_outside(self, module, args) -> None:
         self.outside.disarm()
@@ -209,12 +198,12 @@ class Numerics:
         self._stop_watch()
         self.model = model
         self._watch_outside(model)
-        self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
-                       model.register_forward_hook(self._keep_output_grads)]
+        self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)),
+                       ours(model.register_forward_hook(self._keep_output_grads))]
 
     def _stop_watch(self) -> None:
         for handle in self._watch:
-            handle.remove()
+            remove(handle)
         self._watch = []
         self._last_in = None
         self._out_grads = {}
@@ -340,7 +329,7 @@ class Numerics:
         self._watch_outside(model)
         self.hooks = HookSet(model).attach()
         if self.nan and not self._watch:  # --nan: the root call's inputs, for the float32 reference
-            self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)]
+            self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True))]
 
     def _detach(self) -> None:
         if self.hooks is not None:
@@ -448,7 +437,7 @@ class Numerics:
             "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
             "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
             "mode": mode, "parameters_nonfinite_before": [] if mode.startswith("re-run") else self.params_nonfinite[:10],
-            "where": module_source(self.model, (fwd or bwd or {}).get("module")),
+            "where": module_source(self.model, blamed_module(fwd) if fwd is not None else (bwd or {}).get("module")),
         })
 
     def _check_watched_model(self) -> None:
@@ -492,7 +481,7 @@ class Numerics:
         """Remove every hook this object added."""
         self.outside.disarm()
         for handle, _ in self._outside_watch:
-            handle.remove()
+            remove(handle)
         self._outside_watch = []
         self._remove_discovery()
         self._stop_watch()

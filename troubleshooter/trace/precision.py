@@ -46,12 +46,16 @@ def in_effect(raw: dict) -> dict[str, Any]:
     parts = [f"{compute}" + (f" on {device_type}" if device_type else "")]
     if active:
         parts += [f"{a['count']} {a['dtype']} autocast regions entered, the first at {_at(a)}" for a in active[:2]]
+    policy = raw.get("autocast_policy") or {}
+    if any(a.get("device") == "cpu" for a in active) and policy.get("label"):
+        parts.append(f"autocast op lists: {policy['label']}")
     if on:
         parts.append("GradScaler enabled (" + ", ".join(_at(s) for s in on[:2]) + ")")
     elif scalers:
         parts.append("GradScaler made but disabled (" + ", ".join(_at(s) for s in scalers[:2]) + ")")
     return {"compute": compute, "mixed": mixed, "device": device_type, "param_dtype": param_dtype,
-            "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts)}
+            "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts),
+            "autocast_policy": policy.get("policy")}
 
 
 def ran_without_mixed_precision(section: dict) -> bool:

@@ -55,6 +55,7 @@ class Recorder:
         self.timeline: list[dict] = [self._new_step(0)]
         self.violations: list[dict] = []
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
+        self.scaled_outputs: dict[int, tuple] = {}  # id(scaler.scale() output) -> (its weakref, scaler weakref)
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self.device_seen: dict | None = None  # the device of the first trained parameter
         self.param_dtype: str | None = None  # and its dtype
@@ -174,7 +175,8 @@ class Recorder:
         if self.before_backward is not None:
             self.before_backward(self)
         self.maybe_stop()
-        scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
+        entry = self.scaled_outputs.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+        scaled_by = entry[1] if entry is not None and entry[0]() is tensor else None
         ev = self.event("backward", scaled=scaled_by is not None)
         ac = _autocast_now()
         if ac is not None:
@@ -216,9 +218,11 @@ class Recorder:
 
     def on_scale(self, scaler, loss, out) -> None:
         if isinstance(out, torch.Tensor) and _scaler_enabled(scaler):
+            # kept beside the tensor, not on it: an attribute would travel with it into pickle
+            key, table = id(out), self.scaled_outputs
             try:
-                out._trace_scaled_by = weakref.ref(scaler)
-            except (AttributeError, RuntimeError, TypeError):
+                table[key] = (weakref.ref(out, lambda _, key=key: table.pop(key, None)), weakref.ref(scaler))
+            except TypeError:
                 pass
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self.losses.append(loss.detach())

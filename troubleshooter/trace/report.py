@@ -37,6 +37,7 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "argv": argv,
         "device": {"requested": device_req, **(raw.get("device") or {"type": None, "index": None, "name": None})},
         "precision": precision,
+        "autocast_policy": raw.get("autocast_policy"),
         "steps_observed": int(raw.get("steps_observed") or 0),
         "exit": {"status": exit_info.get("status"), "exception": exc, "code": exit_info.get("code"),
                  "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),

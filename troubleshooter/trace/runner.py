@@ -64,7 +64,7 @@ def device_env(device: str) -> dict[str, str]:
 
 def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: float, nan: bool,
               headroom: bool, cwd: str | None, device: str,
-              progress: Callable[[float, str], None] | None = None) -> dict:
+              progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda") -> dict:
     """Run the script in a child; returns the child's raw result plus how the process ended."""
     env = dict(os.environ)
     env.update(device_env(device))
@@ -73,7 +73,7 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
     with tempfile.TemporaryDirectory(prefix="amp-trace-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         config = {"script": str(script.resolve()), "argv0": argv0, "args": list(args), "steps": steps,
-                  "nan": nan, "headroom": headroom, "result": result_path}
+                  "nan": nan, "headroom": headroom, "result": result_path, "autocast_policy": autocast_policy}
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w") as fh:
             json.dump(config, fh)

@@ -70,26 +70,31 @@ def stage_script(code: str | None, upload) -> Path:
     return target
 
 
-def run(code: str | None, upload, args: str | None = "", steps=20, device: str = "auto", progress=None) -> dict:
+def run(code: str | None, upload, args: str | None = "", steps=20, device: str = "auto", progress=None,
+        autocast_policy: str = "cuda") -> dict:
     """The tracer's JSON for the user's script, run on this host (refused without --allow-exec)."""
     if not SETTINGS.allow_exec:
         raise UserError(_NO_EXEC)
     _trace_fn()  # an absent trace module is refused here, before a worker starts
     argv, n = parse_args(args), parse_steps(steps)
     device = host.validate_device(device)
+    from ..engine.autocast_policy import check_policy
+
+    autocast_policy = check_policy(autocast_policy)
     script = stage_script(code, upload)
     limit = SETTINGS.job_timeout_s
     # the tracer stops its own child at `limit`; the worker around it gets a margin to report that
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
-                          limit_s=limit, cwd=str(script.parent))
+                          limit_s=limit, cwd=str(script.parent), autocast_policy=autocast_policy)
     return public_result(result, script.name, str(script.parent))
 
 
-def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None) -> dict:
+def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None,
+            autocast_policy="cuda") -> dict:
     """In the worker: `trace_script` with the server's time limit (module-level: picklable)."""
     return _trace_fn()(script, args=tuple(args), steps=steps, device=device, timeout_s=limit_s, cwd=cwd,
-                       progress=progress)
+                       progress=progress, autocast_policy=autocast_policy)
 
 
 def public_result(result: dict, name: str, folder: str | None = None) -> dict:
@@ -174,10 +179,11 @@ def scale_figure(result: dict):
     return fig
 
 
-def ui_trace(code: str | None, upload, args: str | None, steps, lint_rows, row_rules, progress=None) -> tuple:
+def ui_trace(code: str | None, upload, args: str | None, steps, lint_rows, row_rules, autocast_policy="cuda",
+             progress=None) -> tuple:
     """The "Run it on this host" button: (run summary, the findings table with the run-time rows
     added after the static ones, the rule of each row, the loss-scale plot or None)."""
-    result = run(code, upload, args, steps, "auto", progress=progress)
+    result = run(code, upload, args, steps, "auto", progress=progress, autocast_policy=autocast_policy)
     static_rows = list(lint_rows or [])
     static_rules = list(row_rules or [])[:len(static_rows)]
     rows = finding_rows(result)
