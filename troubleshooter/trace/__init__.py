@@ -57,7 +57,7 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
                     autocast_policy=autocast_policy)
     exc = (raw.get("exit") or {}).get("exception")
     explained = []
-    if exc:
+    if exc and not exc.get("caused_by_tool"):
         explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
     precision = in_effect(raw)
     findings = analysis.all_findings(raw, explained, precision)

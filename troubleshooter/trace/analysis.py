@@ -235,19 +235,46 @@ def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding
                     {"seen": SEEN, "worst_step": worst})]
 
 
-def exception_finding(exc: dict, explained: list[dict]) -> Finding:
-    """The script raised: where in the user's code, and what `explain` recognises in the message."""
+def steps_word(raw: dict) -> str:
+    """What a step was in this run: an optimizer step, or (a loop without a torch.optim
+    optimizer) a backward pass."""
+    return "backward passes" if raw.get("step_unit") == "backward" else "optimizer steps"
+
+
+def exception_finding(exc: dict, explained: list[dict], unit: str = "optimizer steps") -> Finding:
+    """The script raised: where in the user's code, and what `explain` recognises in the message.
+    An exception that came from this package is its own finding (AMP219), never blamed on a line
+    of the script."""
+    if exc.get("caused_by_tool"):
+        return tool_error_finding(exc, unit)
     rule = next((m["rule"] for m in explained if m.get("rule")), None)
     cause = next((m for m in explained), None)
     msg = f"the script raised {exc['type']}: {exc['message'].splitlines()[0][:300] if exc['message'] else ''}"
     if exc.get("step") is not None:
-        msg += f" (after {exc['step']} optimizer steps)"
+        msg += f" (after {exc['step']} {unit})"
     if cause is not None:
         msg += f"; {cause['title']}: {cause['cause']}"
     suggestion = cause["fix"] if cause is not None else "Fix the error at the location shown (full traceback in exit.exception)."
     return Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR, msg, suggestion,
                    Location(path=exc.get("path"), line=exc.get("line")), None,
                    {"seen": SEEN, "exception": exc["type"], "related_rule": rule, "step": exc.get("step")})
+
+
+TOOL_ERROR = ("AMP219", "trace-internal-error")
+
+
+def tool_error_finding(exc: dict, unit: str = "optimizer steps") -> Finding:
+    """The trace itself failed while the script ran: not the script's fault, and what ran before it
+    is all that was seen (inconclusive for the rest)."""
+    step = exc.get("step")
+    return Finding(TOOL_ERROR[0], TOOL_ERROR[1], Severity.WARNING,
+                   f"the tracer failed while running the script ({exc['type']}: "
+                   f"{(exc.get('message') or '').splitlines()[0][:200] if exc.get('message') else ''}): this is a "
+                   "bug of the troubleshooter, not of your script; the findings cover only the "
+                   f"{step if step is not None else 0} {unit} before it (inconclusive for the rest)",
+                   "Run the script without the tracer to confirm it works, and report this with the tool's "
+                   "traceback (exit.exception.tool_traceback in the JSON report).",
+                   Location(), None, {"seen": SEEN, "exception": exc["type"], "step": step, "caused_by_tool": True})
 
 
 def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Finding]:
@@ -259,7 +286,7 @@ def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Find
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))
     exc = (raw.get("exit") or {}).get("exception")
     if exc:
-        findings.append(exception_finding(exc, explained))
+        findings.append(exception_finding(exc, explained, steps_word(raw)))
     findings += time_limit_finding(raw)
     findings += exited_finding(raw)
     findings += not_in_effect_findings(precision)
@@ -276,7 +303,7 @@ def exited_finding(raw: dict) -> list[Finding]:
     return [Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR,
                     f"the script exited with status {ex.get('code')}"
                     + (f" ({ex['message']})" if ex.get("message") else "")
-                    + f" after {raw.get('steps_observed') or 0} optimizer steps; last stderr line: {tail[0][:300]}",
+                    + f" after {raw.get('steps_observed') or 0} {steps_word(raw)}; last stderr line: {tail[0][:300]}",
                     "Check the arguments passed after `--` and the script's own error message (exit.stderr_tail).",
                     Location(path=where.get("path"), line=where.get("line")), None,
                     {"seen": SEEN, "exit_code": ex.get("code")})]
@@ -290,8 +317,8 @@ def time_limit_finding(raw: dict) -> list[Finding]:
     where = (raw.get("exit") or {}).get("where") or {}
     n = raw.get("steps_observed") or 0
     return [Finding(TIME_LIMIT[0], TIME_LIMIT[1], Severity.WARNING,
-                    f"the script was stopped by the time limit ({proc.get('wall_s', 0):.0f} s) after {n} optimizer "
-                    "steps" + (f", while running line {where['line']}" if where.get("line") else "")
+                    f"the script was stopped by the time limit ({proc.get('wall_s', 0):.0f} s) after {n} "
+                    f"{steps_word(raw)}" + (f", while running line {where['line']}" if where.get("line") else "")
                     + "; findings cover only what ran before it (inconclusive for the rest)",
                     "Raise --timeout, lower --steps, or pass arguments that make the script reach its "
                     "training loop sooner (smaller data, fewer warm-up batches).",

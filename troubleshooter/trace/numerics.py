@@ -359,6 +359,8 @@ class Numerics:
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
         self.outside.clear()  # the step is done: let its loss tensors go
+        if rec.model_param_dtypes is None and self.model is not None:
+            rec.note_model(self.model)
         if not self.nan and step["step"] == 0 and rec.optimizers:
             self._check_watched_model()
         if self.headroom:

@@ -134,13 +134,33 @@ def finding_rows(result: dict) -> list[list]:
     return rows
 
 
+def _device_name(result: dict) -> str:
+    """The device in words (the report keeps a dict: requested, type, index, name)."""
+    dev = result.get("device")
+    if isinstance(dev, dict):
+        return str(dev.get("name") or dev.get("type") or dev.get("requested") or "?")
+    return str(dev or "?")
+
+
+def _exception_text(exc) -> str:
+    """`TypeError: message` and the line of the user's file it came from, not the raw record."""
+    if not isinstance(exc, dict):
+        return str(exc)
+    text = f"{exc.get('type', 'Exception')}: {exc.get('message') or ''}".strip()
+    if exc.get("path"):
+        text += f" (at {exc['path']}" + (f":{exc['line']}" if exc.get("line") else "") + ")"
+    return text
+
+
 def summary_markdown(result: dict) -> str:
     ex = result.get("exit") or {}
     status = ex.get("status", "?")
     n = len(result.get("findings") or [])
-    lines = [f"**Ran {common.md_escape(result.get('script', 'the script'))}** on {result.get('device', '?')}: "
-             f"{result.get('steps_observed', 0)} step(s) observed, exit: {common.md_escape(status)}; "
-             f"{n} finding{'s' if n != 1 else ''} {SEEN_AT_RUN_TIME} (added to the table)."]
+    counted = "backward passes" if str(result.get("steps_counted", "")).startswith("backward") else "step(s)"
+    lines = [f"**Ran {common.md_escape(result.get('script', 'the script'))}** on "
+             f"{common.md_escape(_device_name(result))}: {result.get('steps_observed', 0)} {counted} observed, "
+             f"exit: {common.md_escape(status)}; {n} finding{'s' if n != 1 else ''} {SEEN_AT_RUN_TIME} "
+             "(added to the table)."]
     from ..trace.precision import ran_without_mixed_precision
 
     precision = result.get("precision") or {}
@@ -148,7 +168,9 @@ def summary_markdown(result: dict) -> str:
         note = " (no mixed precision ran)" if ran_without_mixed_precision(precision) else ""
         lines.append(f"Precision in effect{note}: {common.md_escape(precision['summary'])}.")
     if ex.get("exception"):
-        lines.append(common.error_markdown(str(ex["exception"]), title="The script stopped with"))
+        title = ("The tracer failed (not your script)" if (ex["exception"] or {}).get("caused_by_tool")
+                 else "The script stopped with")
+        lines.append(common.error_markdown(_exception_text(ex["exception"]), title=title))
     skipped = result.get("skipped_steps") or []
     if result.get("scale"):
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")
