@@ -198,6 +198,9 @@ def test_the_emulation_is_removed_and_composes_with_the_half_gemm_emulation():
     assert run.ops["exp"] == 1 and run.banned == {"binary_cross_entropy": 1} and bce.dtype is torch.float32
     described = ap.describe(run)
     assert described["label"] == "CUDA autocast policy emulated on CPU" and described["banned"]
+    (f,) = ap.banned_findings(described)  # on a GPU that line raises: said at the line
+    assert (f.rule, f.severity.value) == ("AMP213", "error") and f.location.path == __file__
+    assert "binary_cross_entropy_with_logits" in f.suggestion
     with torch.autocast("cpu", dtype=torch.float16):
         assert (x @ w).exp().dtype is torch.float16  # CPU's own kernels are back
 

@@ -195,7 +195,18 @@ class PolicyRun:
     calls: dict[str, int] = field(default_factory=dict)  # policy -> calls
     ops: dict[str, int] = field(default_factory=dict)  # op -> calls
     banned: dict[str, int] = field(default_factory=dict)
+    banned_at: dict[str, dict] = field(default_factory=dict)  # op -> the user's line that called it
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_banned(self, op: str) -> None:
+        """An op CUDA autocast refuses ran under autocast: counted, with the user's first line."""
+        from ..trace.outside import _user_frame  # the innermost line of the user's own files
+
+        with self._lock:
+            self.banned[op] = self.banned.get(op, 0) + 1
+            if op not in self.banned_at:
+                path, line, function = _user_frame(4)
+                self.banned_at[op] = {"path": path, "line": line, "function": function}
 
     def count(self, policy: str, op: str) -> None:
         with self._lock:
@@ -225,7 +236,7 @@ def _kernel(run: PolicyRun, policy: str, name: str, op) -> Any:
                 return op(*[_cast(a, dtype) for a in args], **{k: _cast(v, dtype) for k, v in kwargs.items()})
             if policy in ("fp32", "banned"):
                 if policy == "banned":
-                    run.banned[name] = run.banned.get(name, 0) + 1
+                    run.note_banned(name)
                 return op(*[_cast(a, torch.float32) for a in args],
                           **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
             if policy == "promote":
@@ -382,4 +393,30 @@ def describe(run: PolicyRun | None, policy: str = "cuda", device: str = "cpu") -
                    + "; --autocast-policy host uses the CPU's own lists")
     if run.banned:
         out["banned"] = dict(run.banned)
+        out["banned_at"] = dict(run.banned_at)
+    return out
+
+
+BANNED_FINDING = ("AMP213", "autocast-unsafe-op")
+
+
+def banned_findings(described: dict | None, seen: str | None = None) -> list:
+    """AMP213 (error): an op CUDA autocast refuses (`binary_cross_entropy`, `nn.BCELoss`) ran in an
+    enabled autocast region; on a GPU that line raises, the emulation ran it in float32 to go on."""
+    from ..findings import Finding, Location, Severity
+
+    out = []
+    for op, count in ((described or {}).get("banned") or {}).items():
+        at = ((described or {}).get("banned_at") or {}).get(op) or {}
+        data = {"op": op, "count": count}
+        if seen:
+            data["seen"] = seen
+        out.append(Finding(
+            BANNED_FINDING[0], BANNED_FINDING[1], Severity.ERROR,
+            f"{op} runs inside an enabled autocast region ({count}x): CUDA autocast refuses it, so on your GPU "
+            "this raises RuntimeError ('torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are "
+            "unsafe to autocast'); the CPU emulation of CUDA's policy ran it in float32 to go on",
+            "Use torch.nn.functional.binary_cross_entropy_with_logits (or nn.BCEWithLogitsLoss) on the logits, "
+            "dropping the sigmoid before it; or compute this loss outside autocast on .float() inputs.",
+            Location(path=at.get("path"), line=at.get("line")), None, data))
     return out

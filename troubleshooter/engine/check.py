@@ -19,7 +19,8 @@ from ..workload import Workload
 from . import precision as prec
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
-from .autocast_policy import autocast_policy as cuda_policy_on_cpu, check_policy, describe as describe_policy
+from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findings, check_policy, \
+    describe as describe_policy
 from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .training_step import is_oom, release
 
@@ -228,6 +229,10 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     finally:
         untrack(token)
     result["device"]["autocast_policy"] = describe_policy(policy_run, policy, str(dev))
+    banned = [f.to_dict() for f in banned_findings(result["device"]["autocast_policy"])]
+    if banned:
+        result["findings"] = result["findings"] + banned
+        result["exit_code"] = exit_code(result)
     emulated = describe_emulation(emulation)
     if emulated:
         result["device"]["half_emulation"] = emulated

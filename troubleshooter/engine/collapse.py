@@ -146,8 +146,8 @@ def collapse_finding(precision: str, collapse: dict, cls: str | None, op: dict |
     what = "all zeros" if collapse["zero"] else f"one constant value ({collapse['value']})"
     name = f"'{module or '<root>'}'" + (f" ({cls})" if cls else "")
     message = (f"{name} outputs {what} under {precision} while in fp32 its output ranges over "
-               f"[{ref['min']}, {ref['max']}]: a silent collapse, nothing is non-finite, the loss stays finite and "
-               "the model learns from a flat activation")
+               f"[{ref['min']}, {ref['max']}]: a silent collapse (no NaN/Inf leaves the module and the loss stays "
+               "finite), so the model learns from a flat activation")
     data: dict[str, Any] = {"collapse": collapse}
     if op is not None:
         at = op.get("where") or {}
@@ -187,3 +187,34 @@ def is_collapse_candidate(section: dict) -> bool:
     return (isinstance(section, dict) and not section.get("error") and not section.get("not_run")
             and section.get("first_forward") is None and section.get("loss_finite") is not False
             and section.get("steps_run"))
+
+
+def _inside(module: str | None, parent: str) -> bool:
+    return module is not None and (module == parent or not parent or module.startswith(parent + "."))
+
+
+def fold_consequences(findings: list[Finding]) -> list[Finding]:
+    """One finding per fault: a non-finite backward (AMP206) in the module whose forward collapsed,
+    in the same precision, is that collapse's consequence (the inf the forward swallowed returns
+    as NaN gradients), so it is folded into the AMP212 finding."""
+    collapses = [f for f in findings if f.rule == COLLAPSE[0]]
+    folded: dict[int, list[Finding]] = {}
+    out = []
+    for f in findings:
+        owner = next((c for c in collapses if f.rule == "AMP206" and f.precision == c.precision
+                      and _inside(f.location.module, c.location.module or "")), None)
+        if owner is None:
+            out.append(f)
+        else:
+            folded.setdefault(id(owner), []).append(f)
+    result = []
+    for f in out:
+        extra = folded.get(id(f))
+        if extra:
+            f = Finding(f.rule, f.name, f.severity,
+                        f"{f.message}; its backward then makes non-finite gradients ({extra[0].rule}, a consequence)",
+                        f.suggestion, f.location, f.precision,
+                        {**f.data, "consequences": [{"rule": e.rule, "module": e.location.module,
+                                                     "message": e.message} for e in extra]})
+        result.append(f)
+    return result

@@ -295,7 +295,9 @@ def hunt_nonfinite(
         last_s = time.perf_counter() - started
         if sections[p].get("steps_run"):  # a plain step's cost, unless one was measured already
             record_step_s(p, last_s / sections[p]["steps_run"] / HOOKED_STEP, keep_measured=True)
-    findings = _findings(sections, traces) + _collapses(workload, device, sections, traces, seed)
+    from .collapse import fold_consequences
+
+    findings = fold_consequences(_findings(sections, traces) + _collapses(workload, device, sections, traces, seed))
     return {"device": str(device), "precisions": sections, "findings": findings}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..engine.autocast_policy import banned_findings
 from ..engine.nanhunt import _backward_finding, _forward_finding
 from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
@@ -153,6 +154,24 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
 
 
+def collapse_findings(numerics: dict) -> list[Finding]:
+    """AMP212 (--nan): the first step's half-precision forward flattened a module's output where
+    float32's varies; located at the op that started it when it is in the user's files."""
+    from ..engine.collapse import collapse_finding
+
+    event = numerics.get("collapse")
+    if not event:
+        return []
+    f = collapse_finding(event["precision"], event["collapse"], event.get("class"), event.get("op"))
+    at = ((event.get("op") or {}).get("where") or {})
+    where = at if at.get("path") else (event.get("where") or {})
+    data = {**f.data, "seen": SEEN, "step": event.get("step"), "reference_run": event.get("reference"),
+            "localised_by": "the step's forward re-run in its half precision and in float32 with --nan hooks"}
+    return [Finding(f.rule, f.name, f.severity, f"{f.message} (step {event.get('step')})", f.suggestion,
+                    Location(path=where.get("path"), line=where.get("line"), module=f.location.module),
+                    f.precision, data)]
+
+
 def outside_finding(op: dict) -> Finding:
     """AMP205 (AMP202 for a float16 overflow) at the line of the op, outside the model, that made
     the first non-finite value of the loss from finite inputs; module None: no module made it."""
@@ -281,7 +300,11 @@ def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Find
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
-    findings += numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
+    from ..engine.collapse import fold_consequences
+
+    findings += fold_consequences(numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
+                                  + collapse_findings(numerics))
+    findings += banned_findings(raw.get("autocast_policy"), SEEN)
     findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))
     exc = (raw.get("exit") or {}).get("exception")

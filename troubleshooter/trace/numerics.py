@@ -106,6 +106,8 @@ class Numerics:
         self.outside = OutsideOps()  # the loss computed from the model's output, outside it
         self._outside_watch: list = []
         self.outside_event: dict | None = None
+        self.collapse_checked = False
+        self.collapse_event: dict | None = None  # --nan: a half-precision forward collapse
         rec.before_backward = self._end_outside
         rec.before_update = self._check_outside
         self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
@@ -277,6 +279,11 @@ class Numerics:
                 report = hooks.collect()
                 hooks.detach()
                 reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
+            if report.forward is None and report.backward is not None and not self.collapse_checked:
+                # a finite forward with non-finite gradients: a forward that collapsed (an inf
+                # swallowed into zeros) is the cause, and the finding to give
+                self.collapse_checked = True
+                self._collapse_of((args, kwargs, (device, ac_on, ac_dtype)), rec.steps)
         finally:
             rec.muted = False
             hooks.detach()
@@ -367,6 +374,8 @@ class Numerics:
             self._measure_headroom(step)
         if self.hooks is not None:
             self._collect(step)
+        if self.nan and not self.collapse_checked and isinstance(step.get("loss"), float) and not step["skipped"]:
+            self._check_collapse(step)
         if self.nan and self.hooks is None and rec.optimizers:
             model = self.trained_model()  # the model was not called as a module, or another one was
             if model is not None:
@@ -425,6 +434,36 @@ class Numerics:
         if reference is not None:
             event["reference"] = reference
 
+    def _check_collapse(self, step: dict) -> None:
+        """--nan, once: the first finite step's forward, re-run in its half precision and in
+        float32, for a module output that collapsed (AMP212, trace/collapse.py)."""
+        if self.model is None or self._last_in is None:
+            return
+        self.collapse_checked = True
+        hooks, self.hooks = self.hooks, None
+        if hooks is not None:
+            hooks.detach()
+        self.rec.muted = True
+        try:
+            self._collapse_of(self._last_in, step["step"])
+        finally:
+            self.rec.muted = False
+            if hooks is not None:
+                self.hooks = HookSet(self.model).attach()
+
+    def _collapse_of(self, last_in: tuple, step: int) -> None:
+        """Run the collapse check (trace/collapse.py) on the model and these inputs; keep what it finds."""
+        from . import collapse
+
+        try:
+            found = collapse.check(self.model, last_in, _state_restored)
+        except Exception as exc:  # noqa: BLE001 - best effort: the run's other findings stand
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            found = None
+        if found is not None:
+            found.update(step=step, where=module_source(self.model, found["collapse"]["module"]))
+            self.collapse_event = found
+
     def _rerun_covered(self, step: dict) -> bool:
         """A re-run already looked at this step (and found it a calibration skip, or nothing)."""
         return self.last_rerun_step == step["step"] and not self.rerun_error
@@ -452,11 +491,14 @@ class Numerics:
                 self._start_watch(model)
 
     def _check_model_is_trained(self) -> None:
+        """--nan: the hooked model must be the one the optimizers train; a model whose optimizer
+        updates float32 master copies of its half weights (hand-written fp16) trains no module's
+        parameters directly, and keeps its hooks."""
         params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
         if self.model is not None and not any(id(p) in params for p in self.model.parameters()):
-            self._detach()
             model = self.trained_model()
-            if model is not None:
+            if model is not None and model is not self.model:
+                self._detach()
                 self._attach(model)
 
     # -- headroom --------------------------------------------------------------------------
@@ -495,7 +537,7 @@ class Numerics:
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
                "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
-               "outside": self.outside_event}
+               "outside": self.outside_event, "collapse": self.collapse_event}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out
