@@ -536,7 +536,7 @@ class HookSet:
         lo, hi = values[0::2], values[1::2]
         for slot, source in step.alias.items():  # in creation order, so chains resolve
             lo[slot], hi[slot] = lo[source], hi[source]
-        max_abs = [max(-a, b) for a, b in zip(lo, hi)]
+        max_abs = [max(-a, b) + 0.0 for a, b in zip(lo, hi)]  # + 0.0: an all-zero output's -0.0 is 0.0
         return self._call_summary(step, [True] * len(max_abs), max_abs, lo, hi)
 
     def _call_summary(self, step: _Step, finite: list[bool], max_abs: list[float], lo: list[float],

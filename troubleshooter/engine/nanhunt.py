@@ -317,6 +317,9 @@ def _collapses(workload: Workload, device: torch.device, sections: dict, traces:
         if found is None:
             continue
         sections[p]["collapse"] = found
+        what = "all zeros" if found["zero"] else "one constant value"
+        sections[p]["summary"] = (f"finite, but module '{found['module'] or '<root>'}' outputs {what} where fp32's "
+                                  "varies: a silent collapse (AMP212)")
         op, cls = _collapse_op(workload, device, p, seed, found)
         out.append(collapse_finding(p, found, cls, op))
     return out
