@@ -42,8 +42,8 @@ def runs(tmp_path_factory):
     old = {k: os.environ.get(k) for k in ("PYTHONPATH", "OPENAI_LOGDIR")}
     # improved-diffusion is imported as a package (pip install -e . in its README); mpi4py and
     # blobfile are stood in for by shims/ (see real/README.md)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DIFFUSION), str(DIFFUSION / "shims"),
-                                                              old["PYTHONPATH"]]))
+    paths = [str(DIFFUSION), str(DIFFUSION / "shims"), old["PYTHONPATH"]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ["OPENAI_LOGDIR"] = str(tmp / "logs")
     raises = tmp / "raises.py"
     raises.write_text("import torch\nx = torch.ones(2, 3)\ny = x @ torch.ones(2, 3)\n")

@@ -83,9 +83,10 @@ BANNED = ("binary_cross_entropy",)
 _MACROS = {"lower_precision_fp": "AT_FORALL_LOWER_PRECISION_FP", "fp32": "AT_FORALL_FP32",
            "fp32_set_opt_dtype": "AT_FORALL_FP32_SET_OPT_DTYPE",
            "fp32_append_dtype": "AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE", "promote": "AT_FORALL_PROMOTE"}
-# fp32_append_dtype: the overload called instead, with its defaults for arguments not passed
-_APPEND = {"norm.Scalar": ("norm", "ScalarOpt_dtype", (2,)),
-           "norm.ScalarOpt_dim": ("norm", "ScalarOpt_dim_dtype", (None, None, False))}
+# fp32_append_dtype: the overload called instead, and its arguments after `self` with the
+# defaults of the overload it stands in for
+_APPEND = {"norm.Scalar": ("norm", "ScalarOpt_dtype", (("p", 2),)),
+           "norm.ScalarOpt_dim": ("norm", "ScalarOpt_dim_dtype", (("p", None), ("dim", None), ("keepdim", False)))}
 BANNED_MESSAGE = ("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast: "
                   "CUDA autocast raises a RuntimeError here")
 
@@ -252,9 +253,10 @@ def _kernel(run: PolicyRun, policy: str, name: str, op) -> Any:
                     kwargs = {**kwargs, "dtype": torch.float32}
                 return op(*args, **kwargs)
             if redirect is not None:  # fp32_append_dtype: norm -> norm(..., dtype=float32)
-                target, defaults = redirect
-                full = list(args[1:]) + list(defaults[len(args) - 1:])
-                return target(args[0], *full, dtype=torch.float32)
+                target, params = redirect
+                named = {name: value for (name, value) in params}
+                named.update(zip((name for name, _ in params), args[1:]))
+                return target(args[0], **{**named, **kwargs, "dtype": torch.float32})
             return op(*[_cast(a, torch.float32) for a in args],
                       **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
 

@@ -106,8 +106,8 @@ def emulation_markdown(report: CheckReport | dict) -> str:
     lines = []
     policy = device.get("autocast_policy")
     if isinstance(policy, dict) and policy.get("label") and policy.get("policy") != "device":
-        lines.append(f"Autocast policy: {esc(policy['label'])}" + (f" ({esc(policy['note'])})" if policy.get("note") else "")
-                     + ".")
+        note = f" ({esc(policy['note'])})" if policy.get("note") else ""
+        lines.append(f"Autocast policy: {esc(policy['label'])}{note}.")
     emulated = device.get("half_emulation")
     if isinstance(emulated, dict) and emulated.get("note"):
         lines.append(f"Note: {esc(emulated['note'])}.")

@@ -132,10 +132,13 @@ def first_bad_op(half: list[dict], ref: list[dict]) -> dict | None:
         if not r["finite"]:
             continue
         if not h["finite"] or (h["min"] == h["max"] and _spreads(r)):
-            kind = "overflow" if not h["finite"] else (
-                "underflow" if h["max"] == 0 == h["min"] and max(abs(r["min"]), abs(r["max"])) < FP16_TINY else "constant")
-            return {**h, "kind": kind, "reference": {"min": number(r["min"]), "max": number(r["max"]),
-                                                      "dtype": r["dtype"]}}
+            tiny = max(abs(r["min"]), abs(r["max"])) < FP16_TINY
+            if not h["finite"]:
+                kind = "overflow"
+            else:
+                kind = "underflow" if h["max"] == 0 == h["min"] and tiny else "constant"
+            reference = {"min": number(r["min"]), "max": number(r["max"]), "dtype": r["dtype"]}
+            return {**h, "kind": kind, "reference": reference}
     return None
 
 

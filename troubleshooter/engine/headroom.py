@@ -484,8 +484,8 @@ def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
                "fp16 autocast it overflows to inf")
         return [Finding("AMP202", "fp16-overflow", Severity.ERROR, msg, overflow_fix(name, cls),
                         Location(module=name), precision="fp16",
-                        data={**data, "input_max_abs": first["input_max_abs"], "first_overflowing_input": first["module"],
-                              "made_by": name})]
+                        data={**data, "input_max_abs": first["input_max_abs"], "made_by": name,
+                              "first_overflowing_input": first["module"]})]
     if first is not None:
         others = [a["module"] for a in r.activations if a["overflows_fp16"] and a is not first]
         if first["max_abs"] > FP16_MAX:

@@ -260,7 +260,8 @@ class HookSet:
             if id(module) in unhooked:
                 continue
             if idx and self.skip_passive_modules and _keeps_inputs(module):
-                self._handles.append(ours(module.register_forward_hook(partial(self._leaf_post, idx), with_kwargs=True)))
+                hook = partial(self._leaf_post, idx)
+                self._handles.append(ours(module.register_forward_hook(hook, with_kwargs=True)))
                 continue
             self._handles.append(ours(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True)))
             self._handles.append(ours(module.register_forward_hook(partial(self._post, idx))))

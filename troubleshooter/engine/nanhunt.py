@@ -348,7 +348,7 @@ def _collapse_op(workload: Workload, device: torch.device, precision: str, seed:
     except Exception:  # noqa: BLE001 - the collapse stands without its op
         return None, None
     finally:
-        del model
+        model = None  # noqa: F841 - let the copy go before the memory is released
         _release(device)
 
 

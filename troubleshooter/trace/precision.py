@@ -48,7 +48,8 @@ def in_effect(raw: dict) -> dict[str, Any]:
     mixed = bool(active) or param_dtype in HALF or model_half is not None
     on = [s for s in scalers if s.get("enabled")]
     parts = [f"{compute}" + (f" on {device_type}" if device_type else "")]
-    if model_half is not None and param_dtype not in HALF and not active:
+    by_hand = model_half is not None and param_dtype not in HALF and not active
+    if by_hand:
         parts.append(f"{model_half[1]:.0%} of the model's parameters are {model_half[0]}; the optimizer updates "
                      f"{param_dtype or 'float32'} master copies (hand-written mixed precision)")
     if seen.get("loss_multiplier") and not on:
@@ -65,7 +66,7 @@ def in_effect(raw: dict) -> dict[str, Any]:
     elif scalers:
         parts.append("GradScaler made but disabled (" + ", ".join(_at(s) for s in scalers[:2]) + ")")
     return {"compute": compute, "mixed": mixed, "device": device_type, "param_dtype": param_dtype,
-            "master_weights": param_dtype if model_half is not None and param_dtype not in HALF and not active else None,
+            "master_weights": param_dtype if by_hand else None,
             "loss_scale_by_hand": seen.get("loss_multiplier") if not on else None,
             "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts),
             "autocast_policy": policy.get("policy")}

@@ -86,7 +86,8 @@ def _head(report: dict) -> str:
     ex = report.get("exit") or {}
     argv = " ".join(report.get("argv") or [])
     return (f"Traced `python {argv}` on {dev.get('name') or dev.get('requested')}: "
-            f"{report.get('steps_observed')} {report.get('steps_counted') or 'optimizer steps'} observed; the script {ex.get('description') or ex.get('status')}"
+            f"{report.get('steps_observed')} {report.get('steps_counted') or 'optimizer steps'} observed; "
+            f"the script {ex.get('description') or ex.get('status')}"
             + (f" after {ex['wall_s']:.1f} s" if isinstance(ex.get("wall_s"), (int, float)) else ""))
 
 
