@@ -382,7 +382,7 @@ def describe(run: PolicyRun | None, policy: str = "cuda", device: str = "cpu") -
     if run is None:
         if str(device).startswith("cpu") or policy == "host":
             return {"policy": "host", "label": LABELS["host"],
-                    "note": "CPU autocast's own op lists (--autocast-policy host): numbers for training on this CPU"}
+                    "note": "CPU autocast's own op lists, as asked: numbers for training on this CPU, not on a GPU"}
         return {"policy": "device", "label": f"{device}'s own autocast policy", "note": None}
     top = sorted(run.ops.items(), key=lambda kv: -kv[1])[:8]
     out: dict[str, Any] = {"policy": "cuda", "label": LABELS["cuda"], "source": run.lists.source,
@@ -392,7 +392,7 @@ def describe(run: PolicyRun | None, policy: str = "cuda", device: str = "cpu") -
     out["note"] = (f"CPU autocast followed CUDA's op lists, read from {run.lists.source}: "
                    + (f"{fp32} calls of ops CUDA keeps in float32 (exp, pow, sum, softmax, norms, losses) ran in "
                       "float32, as on your GPU" if fp32 else "no op CUDA keeps in float32 was called under autocast")
-                   + "; --autocast-policy host uses the CPU's own lists")
+                   + "; for the CPU's own lists instead (training on CPUs): --autocast-policy host")
     if run.banned:
         out["banned"] = dict(run.banned)
         out["banned_at"] = dict(run.banned_at)
