@@ -20,17 +20,22 @@ def app_server():
 def overflow_spec(tmp_path):
     """tests/fixtures/check/overflow.yaml with the weights it names: layer 2 scaled by 1e5, so its
     outputs pass float16's 65504 (finite in float32 and bfloat16)."""
-    import shutil
-    from pathlib import Path
+    from tests.fixtures.check.planted import write_overflow_spec
 
-    import torch
-    from torch import nn
-
-    shutil.copy(Path(__file__).parent / "fixtures" / "check" / "overflow.yaml", tmp_path / "overflow.yaml")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    with torch.no_grad():
-        model[2].weight.mul_(1e5)
-        model[2].bias.mul_(1e5)
-    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    write_overflow_spec(tmp_path)
     return tmp_path / "overflow.yaml"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lint_cache_outside_the_checkout(tmp_path_factory):
+    """`lint` caches results beside the project (.amp_troubleshooter_cache): in tests, in a temporary folder."""
+    import os
+
+    folder = tmp_path_factory.mktemp("lint-cache")
+    old = os.environ.get("AMP_TROUBLESHOOTER_CACHE_DIR")
+    os.environ["AMP_TROUBLESHOOTER_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("AMP_TROUBLESHOOTER_CACHE_DIR", None)
+    else:
+        os.environ["AMP_TROUBLESHOOTER_CACHE_DIR"] = old

@@ -89,6 +89,8 @@ def test_stdin_and_rules_listing(capsys, monkeypatch):
     listed = json.loads(out)
     assert [r["id"] for r in listed] == [rule.id for rule in RULES]
     assert all(r["summary"] and r["why"] and r["severity"] in ("error", "warning", "info") for r in listed)
+    assert [r["url"].rsplit("/", 1)[1] for r in listed] == [f"{rule.id}.md" for rule in RULES]
+    assert {r["id"] for r in listed if r["fixable"]} == {rule.id for rule in RULES if rule.fixable}
 
 
 def test_fix_text_rewrites_deprecated_api_and_inserts_unscale():
@@ -121,7 +123,7 @@ def test_cli_diff_and_fix(tmp_path, capsys):
     p = tmp_path / "t.py"
     p.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
     code, out, _ = run(capsys, "lint", str(p), "--diff")
-    assert code == 0 and '+scaler = torch.amp.GradScaler("cuda")' in out
+    assert code == 1 and '+scaler = torch.amp.GradScaler("cuda")' in out  # 1: --diff would change something
     assert "torch.cuda.amp" in p.read_text()
     code, out, _ = run(capsys, "lint", str(p), "--fix")
     assert code == 0 and p.read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'

@@ -52,7 +52,7 @@ def test_good_fixture_is_clean(rule_id):
 
 
 def test_catalogue_is_complete_and_documented():
-    assert RULE_IDS == [f"AMP{n}" for n in range(101, 126)]
+    assert RULE_IDS == [f"AMP{n}" for n in [*range(101, 128), *range(130, 145)]]
     assert len(set(RULE_IDS)) == len(RULE_IDS)
     names = [r.name for r in all_rules()]
     assert len(set(names)) == len(names)
@@ -67,7 +67,9 @@ def test_catalogue_is_complete_and_documented():
 
 
 def test_severities_match_the_issue_table():
-    errors = {"AMP101", "AMP103", "AMP109", "AMP111", "AMP112", "AMP113", "AMP115", "AMP116", "AMP125"}
+    errors = {"AMP101", "AMP103", "AMP109", "AMP111", "AMP112", "AMP113", "AMP115", "AMP116", "AMP125",
+              "AMP130", "AMP131", "AMP132", "AMP136", "AMP137", "AMP141", "AMP143", "AMP144",
+              "AMP127"}
     infos = {"AMP119", "AMP120", "AMP121", "AMP122", "AMP123"}
     for r in all_rules():
         want = "error" if r.id in errors else "info" if r.id in infos else "warning"
@@ -76,7 +78,8 @@ def test_severities_match_the_issue_table():
 
 def test_examples_in_docs_behave():
     """The catalogue's own bad example is flagged by its rule (where it stands alone as a snippet)."""
-    standalone = {"AMP101", "AMP104", "AMP106", "AMP112", "AMP113", "AMP114", "AMP116", "AMP118", "AMP121", "AMP125"}
+    standalone = {"AMP101", "AMP104", "AMP106", "AMP112", "AMP113", "AMP114", "AMP116", "AMP118", "AMP121", "AMP125",
+                  "AMP127"}
     for r in all_rules():
         if r.id in standalone:
             rules = {f.rule for f in lint_text("import torch\n" + r.example_bad).findings}
@@ -161,3 +164,24 @@ def test_framework_loss_scaler_is_not_a_gradscaler():
            "        scaled_loss = runner.outputs['loss'] * self.loss_scaler.loss_scale\n        scaled_loss.backward()\n")
     found = {r for r, _ in _rules_at(src)}
     assert "AMP118" not in found and "AMP114" not in found
+
+
+def test_scaler_never_scales_message_is_what_torch_raises():
+    """AMP127 quotes torch's own error: an enabled GradScaler (the CPU one runs here) that never scaled
+    raises exactly that on its first update() / unscale_(); a disabled one does nothing."""
+    torch = pytest.importorskip("torch")
+    src = ("import torch\nscaler = torch.amp.GradScaler('cpu')\nloss.backward()\noptimizer.step()\n"
+           "scaler.{call}\n")
+    for call, method in (("update()", "update"), ("unscale_(optimizer)", "unscale_")):
+        (finding,) = lint_text(src.format(call=call)).findings
+        quoted = re.search(r"AssertionError: (.*?)`", finding.message).group(1)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        with pytest.raises(AssertionError, match=re.escape(quoted)):
+            getattr(torch.amp.GradScaler("cpu"), method)(*([optimizer] if method == "unscale_" else []))
+        torch.amp.GradScaler("cpu", enabled=False).update()
+    assert lint_text(src.format(call="update()").replace("'cpu'", "'cpu', enabled=False")).findings == []
+    flagged = lint_text(src.format(call="update()").replace("'cpu'", "'cpu', enabled=use_amp")).findings
+    assert [(f.rule, f.severity.value) for f in flagged] == [("AMP127", "warning")]

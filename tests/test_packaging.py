@@ -32,7 +32,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BLOCKER = '''
 import sys
 class _NoHeavyLibraries:
-    BLOCKED = {"torch", "gradio", "gradio_client", "matplotlib", "pydantic", "numpy"}
+    BLOCKED = {"torch", "gradio", "gradio_client", "matplotlib", "pydantic", "numpy", "pygls", "lsprotocol"}
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in self.BLOCKED:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
@@ -97,11 +97,11 @@ def test_lint_rules_explain_recipe_ask_work_without_torch_or_gradio(tmp_path):
 
 
 @pytest.mark.parametrize("argv, needs", [(["capability"], "torch"), (["check", "--preset", "mlp"], "torch"),
-                                         (["app", "--port", "7999"], "gradio")])
+                                         (["app", "--port", "7999"], "gradio"), (["server"], "pygls")])
 def test_engine_and_app_commands_name_the_extra_to_install(tmp_path, argv, needs):
     proc = run_blocked(tmp_path, *argv)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    extra = "app" if needs == "gradio" else "engine"
+    extra = {"gradio": "app", "pygls": "lsp"}.get(needs, "engine")
     assert proc.stderr.startswith("error: ") and needs in proc.stderr and f"amp-troubleshooter[{extra}]" in proc.stderr
 
 

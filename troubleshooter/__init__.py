@@ -7,8 +7,11 @@ __version__ = "0.1.0"  # the one place the version is written; pyproject.toml re
 
 # Where people find the tool; SARIF's tool.driver.informationUri points here.
 HOMEPAGE = "https://pypi.org/project/amp-troubleshooter/"
+# The source repository. Each lint rule's page is docs/rules/AMPnnn.md there (generated from the rule);
+# SARIF helpUri, the text output and the language server link to it (troubleshooter/lint/docs.py).
+REPOSITORY = "https://github.com/amp-troubleshooter/amp-troubleshooter"
 
-__all__ = ["__version__", "HOMEPAGE", "nanhunt"]
+__all__ = ["__version__", "HOMEPAGE", "REPOSITORY", "nanhunt"]
 
 
 def __getattr__(name):

@@ -16,12 +16,12 @@ from . import __version__, commands
 from .errors import UserError
 
 # Order in `--help`: the four user actions first, then helpers.
-_ORDER = ["lint", "rules", "check", "capability", "inspect", "speedup", "ask", "explain", "recipe", "app"]
+_ORDER = ["lint", "rules", "check", "capability", "inspect", "speedup", "ask", "explain", "recipe", "app", "server"]
 
 # Heavy libraries only some commands need, and the extra that installs each
 # (`pip install 'amp-troubleshooter[engine]'`); the base install is the linter alone.
 _EXTRA_FOR = {"torch": "engine", "numpy": "engine", "matplotlib": "engine", "pydantic": "engine",
-              "gradio": "app", "gradio_client": "app"}
+              "gradio": "app", "gradio_client": "app", "pygls": "lsp", "lsprotocol": "lsp"}
 
 
 def _command_modules():

@@ -15,7 +15,10 @@ def register(subparsers) -> None:
 
 
 def _as_dict(r) -> dict:
-    return {k: getattr(r, k) for k in ("id", "name", "severity", "summary", "why", "example_bad", "example_good", "fix")}
+    from ..lint.docs import rule_url
+
+    out = {k: getattr(r, k) for k in ("id", "name", "severity", "summary", "why", "example_bad", "example_good", "fix")}
+    return {**out, "fixable": r.fixable, "url": rule_url(r.id)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,7 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rule:
         rule = get_rule(args.rule)
-        print(json.dumps(_as_dict(rule), indent=2) if args.format == "json" else rule.explain())
+        if args.format == "json":
+            print(json.dumps(_as_dict(rule), indent=2))
+        else:
+            print(f"{rule.explain()}\nThis rule's page: {_as_dict(rule)['url']}")
         return 0
     rules = all_rules()
     if args.format == "json":

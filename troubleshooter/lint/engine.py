@@ -9,8 +9,9 @@ from typing import Iterable
 from ..errors import UserError
 from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
+from .edits import Fix
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, iter_inputs, strip_ipython
+from .source import LintError, SourceUnit, parse, parse_problem, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -31,9 +32,18 @@ class LintReport:
     notes: list[str] = field(default_factory=list)  # e.g. a notebook with no code: nothing to lint, not an error
     # (path, cell, line in cell) -> line in the raw .ipynb, for annotations GitHub can place
     notebook_lines: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    fixes: dict[tuple, Fix] = field(default_factory=dict)  # finding_key -> its safe fix (lint/fix.py)
+
+    def fix_of(self, f: Finding) -> Fix | None:
+        return self.fixes.get(finding_key(f))
+
+    def finding_dict(self, f: Finding) -> dict:
+        """A finding's JSON: its fields plus `fixable` and, when it has one, its safe `fix` (ruff's shape)."""
+        fix = self.fix_of(f)
+        return {**f.to_dict(), "fixable": fix is not None, "fix": fix.to_dict() if fix else None}
 
     def to_dict(self) -> dict:
-        out = {"findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
+        out = {"findings": [self.finding_dict(f) for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -50,6 +60,13 @@ class LintReport:
         self.files += other.files
         self.notes += other.notes
         self.notebook_lines.update(other.notebook_lines)
+        self.fixes.update(other.fixes)
+
+
+def finding_key(f: Finding) -> tuple:
+    """What identifies a lint finding within a report (its fix is stored under it)."""
+    loc = f.location
+    return loc.path, loc.cell, loc.line, loc.column, f.rule
 
 
 def parse_ids(value: str | Iterable[str] | None, option: str) -> list[str] | None:
@@ -93,12 +110,14 @@ def _noqa_codes(line: str) -> set[str] | None:
     return {c.strip().upper() for c in codes.split(",")} if codes else set()
 
 
-def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
+def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -> LintReport:
+    """Lint one unit. `read_configs`: the unit is a file on disk, and framework config files beside
+    it (accelerate YAML, DeepSpeed JSON, Lightning CLI YAML) may be read (lint/frameworks/configs.py)."""
     report = LintReport(errors=list(unit.errors), files=1, notes=list(unit.notes))
     if not unit.text.strip():
         return report
     try:
-        tree = ast.parse(unit.text, filename=unit.path)
+        tree = parse(unit.text, unit.path)
     except SyntaxError as exc:
         tree, exc = _parse_ipython_export(unit, exc)
         if tree is None:
@@ -106,10 +125,11 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
             return report
     except (ValueError, RecursionError, MemoryError) as exc:
-        report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
+        report.errors.append(LintError(unit.path, f"cannot parse: {parse_problem(exc)}"))
         return report
     try:
         model = FileModel(tree, unit.text)
+        model.script_path = unit.path if read_configs else None
     except RecursionError:
         report.errors.append(LintError(unit.path, "code is nested too deeply to analyse"))
         return report
@@ -142,6 +162,8 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
                 suggestion=h.suggestion or rule.fix,
                 location=Location(path=unit.path, line=line, column=col, cell=cell), data=dict(h.data)))
     report.findings.sort(key=sort_key)
+    from .fix import attach_fixes  # fix.py builds on this module
+    attach_fixes(report, unit, model, rules)
     return report
 
 
@@ -154,7 +176,7 @@ def _parse_ipython_export(unit: SourceUnit, exc: SyntaxError) -> tuple[ast.Modul
     if text.strip() == unit.text.strip():
         return None, exc
     try:
-        tree = ast.parse(text, filename=unit.path)
+        tree = parse(text, unit.path)
     except SyntaxError as again:
         return None, again  # the Python error left once the IPython lines are read as IPython
     except (ValueError, RecursionError, MemoryError):
@@ -179,15 +201,9 @@ def lint_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> Lin
 
 def lint_paths(paths: list[str], select=None, ignore=None) -> LintReport:
     """Lint files, notebooks, directories (recursively) and `-` (stdin); unreadable ones become errors."""
-    rules = active_rules(select, ignore)
-    report = LintReport()
-    for _path, item in iter_inputs(list(paths)):
-        if isinstance(item, LintError):
-            report.errors.append(item)
-            report.files += 1
-        else:
-            report.extend(lint_unit(item, rules))
-    return report
+    from .runner import lint_inputs  # the one loop over inputs, shared with the CLI's cached runs
+
+    return lint_inputs(paths, active_rules(select, ignore))
 
 
 def all_rules() -> list[Rule]:

@@ -1,4 +1,4 @@
-"""Safe, mechanical fixes for a few rules, returned as fixed text plus a unified diff.
+"""Safe, mechanical fixes for a few rules: each finding's own `Fix`, and the fixed text plus a diff.
 
 Each fix lives beside its rule (`Rule.apply_fix` in rules/ampNNN.py); this module holds the edit
 machinery they share. Only rewrites whose meaning is certain are made:
@@ -9,7 +9,9 @@ machinery they share. Only rewrites whose meaning is certain are made:
 - AMP113: insert `scaler.update()` after `scaler.step(...)`;
 - AMP115: `loss.backward()` -> `scaler.scale(loss).backward()`;
 - AMP116: `optimizer.step()` -> `scaler.step(optimizer)` when `scaler.update()` already follows.
-Anything else is left for the person; the result must still parse or nothing is changed.
+Anything else is left for the person. `finding_fixes` gives each finding its edits (the linter
+attaches them to the report: JSON `fix`, SARIF `fixes`, the language server's quick fixes);
+`fix_text` makes every fix that fits with the others; a fix whose result would not parse is dropped.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from dataclasses import dataclass, field
 
 from ..findings import Finding
 from .analysis import FileModel
-from .engine import active_rules, char_col, lint_text
+from .edits import Edit, Fix, apply_edits, compatible_fixes, line_starts, position_of, split_lines
+from .engine import active_rules, char_col, finding_key, lint_unit
 from .rules import RULES
 from .rules.amp106 import guarded_ids
+from .source import SourceUnit, parse, strip_ipython
 
 FIXABLE = tuple(r.id for r in RULES if r.fixable)
 
@@ -38,10 +42,8 @@ class _Source:
 
     def __init__(self, text: str):
         self.text = text
-        self.lines = text.splitlines(True)
-        self.starts = [0]
-        for line in self.lines:
-            self.starts.append(self.starts[-1] + len(line))
+        self.lines = split_lines(text)
+        self.starts = line_starts(text)
 
     def offset(self, line: int, col_bytes: int) -> int:
         src = self.lines[line - 1]
@@ -57,39 +59,160 @@ class _Source:
     def line_start(self, line: int) -> int:
         return self.starts[line - 1]
 
-    def after_line(self, line: int) -> int:
-        return self.starts[line]
+    def line_end(self, line: int) -> int:
+        """The offset just before the line's ending: an insertion here stays on this line (and in its
+        notebook cell, where the next line may belong to the next cell)."""
+        return self.starts[line - 1] + len(self.lines[line - 1].rstrip("\r\n"))
+
+    def newline(self, line: int) -> str:
+        """The line's own ending (a file with CRLF endings keeps them), `\n` for the last line without one."""
+        src = self.lines[line - 1]
+        return src[len(src.rstrip("\r\n")):] or "\n"
 
 
-def fix_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> FixResult:
-    """Apply the safe fixes for the findings `lint_text` reports (noqa and select/ignore respected)."""
-    report = lint_text(text, path, select=select, ignore=ignore)
-    wanted = {(f.rule, f.location.line, f.location.column): f for f in report.findings if f.rule in FIXABLE}
-    if report.errors or not wanted:
-        return FixResult(text, "", [])
-    tree = ast.parse(text)
-    model = FileModel(tree, text)
+def finding_fixes(model: FileModel, text: str, located: list[tuple[int, Finding]], rules,
+                  locate=None) -> dict[tuple, Fix]:
+    """Each finding's safe fix, made alone, keyed by `finding_key`.
+
+    `located` pairs each finding with the line of `text` it was found on; `locate(line)` turns a
+    line of `text` into (cell, line in cell) for notebooks, so edits are placed in their cell. A fix
+    must leave code that parses: the fixes that fit together are checked with one parse of the
+    file, the others (and all of them when that parse fails) one by one."""
+    want = {(f.rule, line, f.location.column): f for line, f in located}
+    if not want:
+        return {}
     src = _Source(text)
     fixer = Fixer(model, src)
-    applied: list[Finding] = []
-    for rule in active_rules(select, ignore):
-        if rule.id not in FIXABLE:
+    found: dict[tuple, tuple[Fix, list[Edit]]] = {}  # key -> (the fix, its edits on `text`)
+    for rule in rules:
+        if not rule.fixable or not any(r == rule.id for r, _, _ in want):
             continue
         for hit in rule.check(model):
             line_text = src.lines[hit.line - 1] if 0 < hit.line <= len(src.lines) else ""
-            finding = wanted.get((rule.id, hit.line, char_col(line_text, hit.col)))
-            if finding is not None and rule.apply_fix(fixer, hit):
-                applied.append(finding)
-    fixed = fixer.apply()
-    if fixed == text:
-        return FixResult(text, "", [])
+            finding = want.get((rule.id, hit.line, char_col(line_text, hit.col)))
+            if finding is None or finding_key(finding) in found:
+                continue
+            fixer.edits = []
+            if not rule.apply_fix(fixer, hit) or not fixer.edits:
+                continue
+            edits = _positions(src, fixer.edits, locate)
+            if edits is not None:
+                found[finding_key(finding)] = (Fix(finding.suggestion, edits), _in_text(src, fixer.edits))
+    chosen = {id(fix) for fix in compatible_fixes(fix for fix, _ in found.values())}
+    together = {k for k, (fix, _) in found.items() if id(fix) in chosen}
+    if together and not _still_parses(model, text, [e for k in together for e in found[k][1]]):
+        together = set()
+    return {k: fix for k, (fix, raw) in found.items() if k in together or _still_parses(model, text, raw)}
+
+
+def _still_parses(model: FileModel, text: str, edits: list[Edit]) -> bool:
+    """Does `text` with the edits still parse? Only the top-level statements the edits fall in are
+    parsed again (each alone: a module's statements parse independently), not the whole file.
+    Edits that collide or fall outside the text are no fix either."""
     try:
-        ast.parse(fixed)
-    except SyntaxError:  # never hand back something that does not parse
+        return _regions_parse(model, text, edits)
+    except ValueError:
+        return False
+
+
+def _regions_parse(model: FileModel, text: str, edits: list[Edit]) -> bool:
+    spans = [(min([st.lineno, *(d.lineno for d in getattr(st, "decorator_list", ()))]), st.end_lineno)
+             for st in model.tree.body]
+    regions: dict[tuple[int, int], list[Edit]] = {}
+    for e in edits:
+        span = next(((a, b) for a, b in spans if a <= e.line and e.end_line <= b), None)
+        if span is None:  # between statements: judge the whole file
+            return _parses(apply_edits(text, edits))
+        regions.setdefault(span, []).append(e)
+    lines = split_lines(text)
+    for (a, b), inside in regions.items():
+        snippet = "".join(lines[a - 1:b])
+        moved = [Edit(e.line - a + 1, e.column, e.end_line - a + 1, e.end_column, e.content) for e in inside]
+        if not _parses(apply_edits(snippet, moved)):
+            return False
+    return True
+
+
+def attach_fixes(report, unit: SourceUnit, model: FileModel, rules) -> None:
+    """Give the report's findings of fixable rules their fixes (`report.fixes`), from the model the
+    linter already built."""
+    if not any(r.fixable for r in rules) or not report.findings:
+        return
+    fixable = {r.id for r in rules if r.fixable}
+    if unit.cell_map is None:
+        located = [(f.location.line, f) for f in report.findings if f.rule in fixable]
+        report.fixes.update(finding_fixes(model, unit.text, located, rules))
+        return
+    joined = {where: line for line, where in unit.cell_map.items()}
+    located = [(joined[(f.location.cell, f.location.line)], f) for f in report.findings
+               if f.rule in fixable and (f.location.cell, f.location.line) in joined]
+    report.fixes.update(finding_fixes(model, unit.text, located, rules, unit.locate))
+
+
+def _in_text(src: _Source, raw) -> list[Edit]:
+    out = []
+    for start, end, new in raw:
+        (l1, c1), (l2, c2) = position_of(src.starts, start), position_of(src.starts, end)
+        out.append(Edit(l1, c1, l2, c2, new))
+    return out
+
+
+def _positions(src: _Source, raw, locate) -> tuple[Edit, ...] | None:
+    """Offsets -> Edits in finding coordinates; None when an edit leaves its notebook cell."""
+    edits = _in_text(src, raw)
+    if locate is None:
+        return tuple(edits)
+    out = []
+    for e in edits:
+        (cell, line), (end_cell, end_line) = locate(e.line), locate(e.end_line)
+        if cell is None or cell != end_cell:
+            return None
+        out.append(Edit(line, e.column, end_line, e.end_column, e.content, cell))
+    return tuple(out)
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse(text)
+        return True
+    except SyntaxError:
+        pass
+    except (ValueError, RecursionError, MemoryError):
+        return False
+    try:  # a .py exported from a notebook keeps its `!pip` lines: judge it as the linter reads it
+        parse("\n".join(strip_ipython(split_lines(text))))
+        return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+def fix_text(text: str, path: str = "<stdin>", select=None, ignore=None) -> FixResult:
+    """Apply the safe fixes for the findings the linter reports on Python `text` (noqa and
+    select/ignore respected); fixes that touch the same text are left for a second run."""
+    report = lint_unit(SourceUnit(path=path, text=text), active_rules(select, ignore))
+    if report.errors:
         return FixResult(text, "", [])
-    diff = "".join(difflib.unified_diff(text.splitlines(True), fixed.splitlines(True),
-                                        fromfile=f"a/{path.lstrip('/')}", tofile=f"b/{path.lstrip('/')}"))
-    return FixResult(fixed, diff, applied)
+    return apply_fixes(text, report, path)
+
+
+def apply_fixes(text: str, report, path: str, cell: int | None = None, label: str = "") -> FixResult:
+    """Make the report's fixes (those of one notebook `cell` when given) that fit together."""
+    fixes = [(f, report.fixes[finding_key(f)]) for f in report.findings
+             if finding_key(f) in report.fixes and f.location.cell == cell]
+    chosen = compatible_fixes(fix for _, fix in fixes)
+    applied = [f for f, fix in fixes if any(fix is c for c in chosen)]
+    if not applied:
+        return FixResult(text, "", [])
+    fixed = apply_edits(text, [e for fix in chosen for e in fix.edits])
+    if fixed == text or (cell is None and not _parses(fixed)):  # never hand back something that does not parse
+        return FixResult(text, "", [])
+    return FixResult(fixed, unified_diff(text, fixed, path, label), applied)
+
+
+def unified_diff(before: str, after: str, path: str, label: str = "") -> str:
+    name = path.lstrip("/") + label
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        fromfile=f"a/{name}", tofile=f"b/{name}"))
 
 
 class Fixer:
@@ -122,12 +245,6 @@ class Fixer:
                 return False
         self.edits.append((start, end, new))
         return True
-
-    def apply(self) -> str:
-        out = self.src.text
-        for start, end, new in sorted(self.edits, key=lambda x: (x[0], x[1]), reverse=True):
-            out = out[:start] + new + out[end:]
-        return out
 
     def node(self, hit, types) -> ast.AST | None:
         for n in self.at.get((hit.line, hit.col), []):

@@ -1,11 +1,23 @@
-"""Render a LintReport for people (ruff-like text), CI (GitHub annotations) or tools (JSON)."""
+"""Render a LintReport for people (text, concise), CI (GitHub annotations, GitLab code quality, JUnit,
+SARIF) or tools (JSON, JSON lines), and count it by rule (`--statistics`).
+
+`text` is the contract people and scripts already read: each finding's line, then its `fix:`
+line. `full` is the same output under ruff's name; `concise` is one line per finding. A finding
+whose fix `--fix` can make is marked `[*]` (at the end of its fix line in text, after the severity
+in concise), and the summary says how many there are and where each rule's page is.
+"""
 from __future__ import annotations
 
 import json
 
 from ..findings import Finding
+from .docs import rule_url
 from .engine import LintReport
+from .gitlab import format_gitlab
+from .junit import format_junit
 from .sarif import format_sarif
+
+FIXABLE_MARK = "[*]"
 
 _GH_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
@@ -17,16 +29,16 @@ def _where(f: Finding) -> str:
     return f"{loc.path}:{loc.line}:{loc.column}"
 
 
-def format_text(report: LintReport) -> str:
+def _error_lines(report: LintReport) -> list[str]:
     out = []
-    for f in report.findings:
-        out.append(f"{_where(f)}: {f.rule} [{f.severity.value}] {f.message}")
-        out.append(f"    fix: {f.suggestion}")
     for e in report.errors:
         where = e.path + (f":cell {e.cell}" if e.cell is not None else "") + (f":{e.line}" if e.line else "")
         out.append(f"{where}: error: {e.message}")
-    for note in report.notes:
-        out.append(f"note: {note}")
+    out += [f"note: {note}" for note in report.notes]
+    return out
+
+
+def _summary(report: LintReport) -> list[str]:
     counts = {s: sum(1 for f in report.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     n = len(report.findings)
     if n:
@@ -36,10 +48,33 @@ def format_text(report: LintReport) -> str:
         summary = "No mixed-precision problems found"
     if report.errors:
         summary += f"; {len(report.errors)} input{'s' if len(report.errors) != 1 else ''} could not be linted"
-    out.append(summary + ".")
-    if n:
+    out = [summary + "."]
+    fixable = sum(1 for f in report.findings if report.fix_of(f))
+    if fixable:
+        out.append(f"{FIXABLE_MARK} {fixable} fixable with --fix (--diff shows the change first).")
+    return out
+
+
+def format_text(report: LintReport) -> str:
+    out = []
+    for f in report.findings:
+        out.append(f"{_where(f)}: {f.rule} [{f.severity.value}] {f.message}")
+        out.append(f"    fix: {f.suggestion}" + (f" {FIXABLE_MARK}" if report.fix_of(f) else ""))
+    out += _error_lines(report)
+    out += _summary(report)
+    if report.findings:
+        rules = {f.rule: f.name for f in report.findings}
+        out.append("Rule docs:")
+        out += [f"  {rule} {name}: {rule_url(rule)}" for rule, name in sorted(rules.items())]
         out.append("Explain a rule: python -m troubleshooter rules AMPnnn")
     return "\n".join(out) + "\n"
+
+
+def format_concise(report: LintReport) -> str:
+    """One line per finding (ruff's concise), then input errors, notes and the summary."""
+    out = [f"{_where(f)}: {f.rule} [{f.severity.value}]{' ' + FIXABLE_MARK if report.fix_of(f) else ''} {f.message}"
+           for f in report.findings]
+    return "\n".join(out + _error_lines(report) + _summary(report)) + "\n"
 
 
 def _gh_escape(value: str, prop: bool = False) -> str:
@@ -74,4 +109,39 @@ def format_json(report: LintReport) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
 
 
-FORMATS = {"text": format_text, "github": format_github, "json": format_json, "sarif": format_sarif}
+def format_json_lines(report: LintReport) -> str:
+    """One JSON object per line: a finding (as in `json`, with `rule`), an input that could not be
+    linted (`"error": true`), or a note (`note`)."""
+    lines = [report.finding_dict(f) for f in report.findings]
+    lines += [{**e.to_dict(), "error": True} for e in report.errors]
+    lines += [{"note": note} for note in report.notes]
+    return "".join(json.dumps(item, default=str) + "\n" for item in lines)
+
+
+def statistics(report: LintReport) -> list[dict]:
+    """Findings counted per rule, most frequent first (ruff's --statistics)."""
+    by_rule: dict[str, dict] = {}
+    for f in report.findings:
+        row = by_rule.setdefault(f.rule, {"code": f.rule, "name": f.name, "severity": f.severity.value,
+                                          "count": 0, "fixable": False})
+        row["count"] += 1
+        row["fixable"] = row["fixable"] or report.fix_of(f) is not None
+    return sorted(by_rule.values(), key=lambda r: (-r["count"], r["code"]))
+
+
+def format_statistics(report: LintReport, as_json: bool = False) -> str:
+    rows = statistics(report)
+    if as_json:
+        return json.dumps(rows, indent=2) + "\n"
+    width = max((len(str(r["count"])) for r in rows), default=1)
+    out = [f"{r['count']:>{width}}\t{r['code']}\t{FIXABLE_MARK if r['fixable'] else '[ ]'}\t{r['name']} ({r['severity']})"
+           for r in rows]
+    out += _error_lines(report)
+    if not rows:
+        out.append("No mixed-precision problems found.")
+    return "\n".join(out) + "\n"
+
+
+FORMATS = {"text": format_text, "full": format_text, "concise": format_concise, "github": format_github,
+           "json": format_json, "json-lines": format_json_lines, "sarif": format_sarif, "gitlab": format_gitlab,
+           "junit": format_junit}

@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from .. import HOMEPAGE, __version__
 from ..findings import Finding
+from .docs import rule_url
+from .edits import Fix
 from .engine import LintReport, all_rules
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -32,21 +34,28 @@ def _rule_descriptor(rule) -> dict:
         "shortDescription": {"text": rule.summary},
         "fullDescription": {"text": rule.why or rule.summary},
         "help": {"text": f"{rule.summary}\n\nWhy: {rule.why}\n\nFix: {rule.fix}", "markdown": rule.explain()},
+        "helpUri": rule_url(rule.id),
         "defaultConfiguration": {"level": level},
         "properties": {"tags": ["pytorch", "mixed-precision"]},
     }
+
+
+def relative_path(path: str, root: Path) -> str | None:
+    """`path` relative to `root` in forward slashes, or None when it lies outside `root`."""
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None
 
 
 def artifact_location(path: str | None, root: Path) -> dict:
     """A path as SARIF wants it: relative to `root` under %SRCROOT%, or an absolute file URI."""
     if not path or path in ("-", "<stdin>"):
         return {"uri": "stdin"}
-    absolute = Path(path).resolve()
-    try:
-        rel = absolute.relative_to(root)
-    except ValueError:
-        return {"uri": absolute.as_uri()}
-    return {"uri": quote(rel.as_posix()), "uriBaseId": SRCROOT}
+    rel = relative_path(path, root)
+    if rel is None:
+        return {"uri": Path(path).resolve().as_uri()}
+    return {"uri": quote(rel), "uriBaseId": SRCROOT}
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ def notebook_line_index(raw: str) -> dict[tuple[int, int], CellLine]:
     """
     try:
         cells = json.loads(raw).get("cells", [])
-    except (json.JSONDecodeError, AttributeError):
+    except (json.JSONDecodeError, AttributeError, RecursionError):
         return {}
     file_lines = raw.splitlines()
     index: dict[tuple[int, int], CellLine] = {}
@@ -146,7 +155,16 @@ def _notebook_indexes(report: LintReport) -> dict[str, dict]:
     return out
 
 
-def _result(f: Finding, index: dict[str, int], root: Path, notebooks: dict[str, dict]) -> dict:
+def _fix(fix: Fix, where: dict) -> dict:
+    """A SARIF fix: the finding's edits as replacements (columns in code points, end exclusive)."""
+    replacements = [{"deletedRegion": {"startLine": e.line, "startColumn": e.column, "endLine": e.end_line,
+                                       "endColumn": e.end_column},
+                     "insertedContent": {"text": e.content}} for e in fix.edits]
+    return {"description": {"text": fix.message}, "artifactChanges": [{"artifactLocation": where,
+                                                                        "replacements": replacements}]}
+
+
+def _result(f: Finding, index: dict[str, int], root: Path, notebooks: dict[str, dict], fix: Fix | None = None) -> dict:
     loc = f.location
     text = f"{f.message.rstrip('.')}. Fix: {f.suggestion}" if f.suggestion else f.message
     if loc.cell is not None:
@@ -162,6 +180,8 @@ def _result(f: Finding, index: dict[str, int], root: Path, notebooks: dict[str, 
         result["ruleIndex"] = index[f.rule]
     if loc.cell is not None:
         result["properties"] = {"cell": loc.cell, "cellLine": loc.line, "cellColumn": loc.column}
+    elif fix is not None:  # a notebook's edits are in cell coordinates, which no SARIF region can hold
+        result["fixes"] = [_fix(fix, physical["artifactLocation"])]
     return result
 
 
@@ -192,12 +212,13 @@ def to_sarif(report: LintReport, root: str | os.PathLike | None = None) -> dict:
                 "rules": [_rule_descriptor(r) for r in rules],
             }},
             "originalUriBaseIds": {SRCROOT: {"uri": base.as_uri() + "/"}},
+            "columnKind": "unicodeCodePoints",  # columns count characters, as the linter's do
             "invocations": [{
                 "executionSuccessful": not report.errors,
                 "workingDirectory": {"uri": base.as_uri() + "/"},
                 "toolExecutionNotifications": [_notification(e, base) for e in report.errors],
             }],
-            "results": [_result(f, index, base, notebooks) for f in report.findings],
+            "results": [_result(f, index, base, notebooks, report.fix_of(f)) for f in report.findings],
         }],
     }
 

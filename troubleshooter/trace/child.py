@@ -47,6 +47,8 @@ def main(config_path: str) -> None:
     rec.on_step = on_step
     rec.on_stop_pending = stop_at_next_forward
     handles = install(rec)  # noqa: F841 - kept alive while the script runs
+    from . import frameworks
+    frameworks.install(rec)  # Accelerate, Lightning/Fabric, HF Trainer, FSDP: what they were asked and did
 
     def on_term(signum, frame):
         raise TraceTimeout()
@@ -99,8 +101,8 @@ class _Writer:
                 "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
-                "exit": exit_info, "final": exit_info is not None, "autocast_policy": self._policy(),
-                "step_unit": rec.step_unit}
+                "exit": exit_info, "final": exit_info is not None, "framework": _framework_result(),
+                "autocast_policy": self._policy(), "step_unit": rec.step_unit}
 
     policy: tuple = ("host", None)
 
@@ -140,6 +142,11 @@ def _autocast_policy(name: str) -> tuple:
     if name != "cuda" or torch.cuda.is_available():
         return (name, None)
     return (name, install(PolicyRun(cuda_op_lists())).run)
+
+
+def _framework_result() -> dict:
+    from . import frameworks
+    return frameworks.result()
 
 
 def _device_used(rec) -> dict:

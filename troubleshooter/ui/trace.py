@@ -87,7 +87,16 @@ def run(code: str | None, upload, args: str | None = "", steps=20, device: str =
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
                           limit_s=limit, cwd=str(script.parent), autocast_policy=autocast_policy)
-    return public_result(result, script.name, str(script.parent))
+    return _memory_note(public_result(result, script.name, str(script.parent)))
+
+
+def _memory_note(result: dict) -> dict:
+    """Say so when the script failed for want of memory under the server's per-job limit."""
+    exc = (result.get("exit") or {}).get("exception") or {}
+    if SETTINGS.job_memory_mb and (exc.get("type") == "MemoryError" or "can't allocate memory" in str(exc.get("message"))):
+        result["note"] = (f"the script ran out of memory: this server lets a job use at most "
+                          f"{SETTINGS.job_memory_mb:g} MiB")
+    return result
 
 
 def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None,
@@ -171,6 +180,8 @@ def summary_markdown(result: dict) -> str:
         title = ("The tracer failed (not your script)" if (ex["exception"] or {}).get("caused_by_tool")
                  else "The script stopped with")
         lines.append(common.error_markdown(_exception_text(ex["exception"]), title=title))
+    if result.get("note"):
+        lines.append(f"**{common.md_escape(result['note'])}**")
     skipped = result.get("skipped_steps") or []
     if result.get("scale"):
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")

@@ -37,8 +37,9 @@ optimizer.zero_grad()
         st = fixer.own_line_stmt(call)
         if st is None or not isinstance(st, ast.Expr) or st.value is not call:
             return False
-        pos = fixer.src.after_line(st.end_lineno)
-        return fixer.add(pos, pos, f"{fixer.src.indent(st.lineno)}{text(call.func.value)}.update()\n")
+        pos = fixer.src.line_end(st.end_lineno)  # at the end of the step's line: it stays in its notebook cell
+        newline = fixer.src.newline(st.end_lineno)
+        return fixer.add(pos, pos, f"{newline}{fixer.src.indent(st.lineno)}{text(call.func.value)}.update()")
 
     def check(self, m):
         by_key: dict[str, dict[str, list]] = {}
