@@ -2,7 +2,7 @@
 
     python -m troubleshooter check SPEC.yaml|--preset NAME[:k=v,...]|--python FILE --allow-exec
         [--device auto|cpu|cuda[:N]] [--only capability,alignment,skiprate,nan,headroom]
-        [--steps N] [--seed S] [--budget SECONDS] [--format text|json]
+        [--steps N] [--seed S] [--budget SECONDS] [--autocast-policy cuda|host] [--format text|json]
 
 Exit status: 0 no warning/error finding, 1 some (or a check that could not finish), 2 bad spec
 or options.
@@ -18,6 +18,7 @@ import sys
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
 DEFAULT_BUDGET_S = 60.0
+AUTOCAST_POLICIES = ("cuda", "host")  # engine.autocast_policy.POLICIES
 
 
 def _budget(text: str) -> float:
@@ -48,6 +49,10 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                    help=f"time for the whole run (default {DEFAULT_BUDGET_S:g}): each check gets a share and stops "
                         "at a step boundary; the report says what did not fit")
+    p.add_argument("--autocast-policy", choices=AUTOCAST_POLICIES, default="cuda",
+                   help="on a CPU host: cuda (default) runs autocast with CUDA's op lists (exp, pow, sum, softmax, "
+                        "norms and losses in float32), so the answers are your GPU's; host uses the CPU's own "
+                        "lists, for training on CPUs")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     report = check_report(source, allow_exec=args.allow_exec, device=args.device, only=args.only,
                           steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget,
-                          started_at=started_at)
+                          started_at=started_at, autocast_policy=args.autocast_policy)
     if args.format == "json":
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -23,11 +23,13 @@ MAX_STEPS = 10_000
 
 def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int = 20, device: str = "auto",
                  timeout_s: float = 120, nan: bool = False, headroom: bool = False, cwd: str | None = None,
-                 progress: Callable[[float, str], None] | None = None) -> dict:
+                 progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda") -> dict:
     """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
     seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
     raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
-    (an uploaded script next to its files); the CLI passes the current directory."""
+    (an uploaded script next to its files); the CLI passes the current directory.
+    `autocast_policy` 'cuda' (default): on a host without a GPU the script's CPU autocast regions
+    follow CUDA autocast's op lists, so the answers are its GPU's; 'host': the CPU's own lists."""
     from ..explain import explain_log
     from ..jsonsafe import jsonable
     from . import analysis, framework_report, report
@@ -46,13 +48,17 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if not timeout_s > 0:
         raise UserError(f"timeout must be positive, got {timeout_s:g}")
     device_env(device)  # validates
+    from ..engine.autocast_policy import check_policy
+
+    autocast_policy = check_policy(autocast_policy)
     path = validate_script(script, cwd)
     if progress is not None:
         progress(0.0, f"starting {os.fspath(script)}")
-    raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress)
+    raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress,
+                    autocast_policy=autocast_policy)
     exc = (raw.get("exit") or {}).get("exception")
     explained = []
-    if exc:
+    if exc and not exc.get("caused_by_tool"):
         explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
     framework_report.adjust(raw)  # mistakes seen through a framework's GradScaler get the framework rules
     precision = framework_report.apply_to_precision(raw, in_effect(raw))

@@ -66,11 +66,14 @@ def rules(rule_id: str = "") -> tuple[str, str]:
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
                 checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
-                budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
+                budget_s: float = check.DEFAULT_UI_BUDGET_S, autocast_policy: str = "cuda") \
+        -> tuple[str, FileData | None]:
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
-    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
+    seconds: (the `check --format json` object, the skip-rate plot PNG or none). autocast_policy:
+    on a CPU host, `cuda` (default) follows CUDA autocast's op lists, `host` the CPU's own."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
+    report = check.run(source, device, checks, steps, budget_s=budget_s,
+                       autocast_policy=autocast_policy)  # typed up to here
     return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
 
@@ -118,11 +121,12 @@ def recipe_loop(options: str = "{}") -> tuple[str, FileData]:
 
 
 @endpoint
-def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto") \
-        -> tuple[str, FileData | None]:
+def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+              autocast_policy: str = "cuda") -> tuple[str, FileData | None]:
     """Run the user's training script for a few steps on this host (only with --allow-exec):
-    (the trace JSON, the loss-scale plot PNG or none)."""
-    result = trace.run("", script, args, steps, device)
+    (the trace JSON, the loss-scale plot PNG or none). autocast_policy: on a host without a GPU,
+    `cuda` (default) follows CUDA autocast's op lists, `host` the CPU's own."""
+    result = trace.run("", script, args, steps, device, autocast_policy=autocast_policy)
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
 
 

@@ -15,6 +15,8 @@ CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignm
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
 DEFAULT_UI_BUDGET_S = 60.0  # as the CLI's --budget
 MIN_UI_BUDGET_S = 5.0  # the page's number box
+# the page's choice of autocast policy on a CPU host (engine.autocast_policy)
+AUTOCAST_POLICY_CHOICES = [("CUDA's (answers for your GPU)", "cuda"), ("this CPU's own (training on CPUs)", "host")]
 CHECKPOINT_KINDS = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
 
 
@@ -53,20 +55,21 @@ def _budget(budget_s) -> float:
     return min(value, max(MIN_UI_BUDGET_S, SETTINGS.job_timeout_s * 0.8))
 
 
-def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S) -> dict:
+def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S,
+            autocast_policy="cuda") -> dict:
     """The `check_source` keyword arguments for these page/API values, validated by the engine."""
     from ..engine.check import check_options
 
     return check_options(device=(device or "auto").strip() or "auto", only=_only(checks), steps=_steps(steps),
-                         budget_s=_budget(budget_s))
+                         budget_s=_budget(budget_s), autocast_policy=autocast_policy)
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
-        budget_s: float = DEFAULT_UI_BUDGET_S):
+        budget_s: float = DEFAULT_UI_BUDGET_S, autocast_policy: str = "cuda"):
     """The `CheckReport` for `source`, measured in a worker process (it crosses back typed)."""
     from ..engine.check import check_report
 
-    kwargs = options(device, checks, steps, budget_s)
+    kwargs = options(device, checks, steps, budget_s, autocast_policy)
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
     key = host.device_key(kwargs["device"])  # the engine's resolved name: "CPU" and "cpu" share a lock
@@ -94,14 +97,15 @@ def skiprate_figure(report):
 
 
 def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, steps,
-             budget_s=DEFAULT_UI_BUDGET_S, progress=None) -> tuple:
+             budget_s=DEFAULT_UI_BUDGET_S, autocast_policy="cuda", progress=None) -> tuple:
     """The Run button: (status, capability, findings, alignment summary, alignment rows,
     skip-rate text, skip-rate plot, NaN text, headroom text, headroom rows, JSON download), every
     text from the renderer the CLI prints with."""
     from ..engine import check_render as render
 
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload, weights)
-    report = run(source, device, checks, steps, progress=progress, budget_s=budget_s)
+    report = run(source, device, checks, steps, progress=progress, budget_s=budget_s,
+                 autocast_policy=autocast_policy)
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page

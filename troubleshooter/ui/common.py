@@ -170,6 +170,7 @@ _CLI_ADVICE = [
     (re.compile(r"`python -m troubleshooter check`"), "the Check a model tab (the `check` endpoint)"),
     (re.compile(r"`python -m troubleshooter speedup`"), "the Speedup check tab (the `speedup` endpoint)"),
     (re.compile(r"--steps\b"), "steps"),
+    (re.compile(r"--autocast-policy host"), "set the autocast op lists to this CPU's own (autocast_policy=host)"),
 ]
 
 

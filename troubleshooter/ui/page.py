@@ -69,6 +69,8 @@ def _diagnose_tab() -> None:
                                             label="Steps", elem_id="trace-steps", scale=1)
                     trace_args = gr.Textbox("", label="Script arguments (as on a command line)",
                                             placeholder="--epochs 1 --batch-size 8", elem_id="trace-args", scale=3)
+                trace_policy = gr.Radio(check.AUTOCAST_POLICY_CHOICES, value="cuda", elem_id="trace-autocast-policy",
+                                        label="Autocast op lists on a host without a GPU")
                 trace_btn = gr.Button("Run it on this host" if SETTINGS.allow_exec else
                                       "Run it on this host (needs --allow-exec on the server)",
                                       interactive=SETTINGS.allow_exec, elem_id="trace-run")
@@ -120,7 +122,7 @@ def _diagnose_tab() -> None:
         return status_md, rows, rules, gr.update(value=fig, visible=fig is not None)
 
     trace_btn.click(page_event(trace_and_show, len(trace_outputs), progress=True),
-                    [code, upload, trace_args, trace_steps, lint_rows, row_rules], trace_outputs,
+                    [code, upload, trace_args, trace_steps, lint_rows, row_rules, trace_policy], trace_outputs,
                     **gpu_queue(), **page("ui_trace"))
 
 
@@ -198,6 +200,8 @@ def _check_tab() -> None:
                                    label="Time budget (s), shared by the checks", elem_id="check-budget")
             checks = gr.CheckboxGroup([(check.CHECK_LABELS[c], c) for c in check.CHECK_NAMES],
                                       value=list(check.CHECK_NAMES), label="Checks", elem_id="check-checks")
+            policy = gr.Radio(check.AUTOCAST_POLICY_CHOICES, value="cuda", elem_id="check-autocast-policy",
+                              label="Autocast op lists on a CPU host")
             run = gr.Button("Run checks", variant="primary", elem_id="check-run")
         with gr.Column(scale=2, min_width=560):
             status = gr.Markdown(elem_id="check-status", elem_classes=["status-box"])
@@ -225,7 +229,7 @@ def _check_tab() -> None:
                 inspect_md = gr.Markdown(elem_id="check-inspect-result")
                 inspect_json = gr.JSON(label="Checkpoint report (JSON)", open=False)
     outputs = [status, capability, findings, align_md, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
-    run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget], outputs,
+    run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget, policy], outputs,
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))
