@@ -23,11 +23,15 @@ MAX_STEPS = 10_000
 
 def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int = 20, device: str = "auto",
                  timeout_s: float = 120, nan: bool = False, headroom: bool = False, cwd: str | None = None,
-                 progress: Callable[[float, str], None] | None = None) -> dict:
+                 progress: Callable[[float, str], None] | None = None, nproc: int | None = None,
+                 raw: dict | None = None) -> dict:
     """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
     seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
     raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
-    (an uploaded script next to its files); the CLI passes the current directory."""
+    (an uploaded script next to its files); the CLI passes the current directory.
+    `nproc` N: the script runs under torch.distributed.run with N ranks (1 included), each traced,
+    and the report merges them (trace/merge.py, docs/distributed.md). `raw`: a child's result
+    already run (one rank's), reported instead of running the script."""
     from ..explain import explain_log
     from . import analysis, report
     from .precision import in_effect
@@ -45,10 +49,14 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if not timeout_s > 0:
         raise UserError(f"timeout must be positive, got {timeout_s:g}")
     device_env(device)  # validates
+    if raw is None and nproc is not None:
+        from .merge import trace_ranks
+        return trace_ranks(trace_script, script, args, steps, device, timeout_s, nan, headroom, cwd, nproc, progress)
     path = validate_script(script, cwd)
     if progress is not None:
         progress(0.0, f"starting {os.fspath(script)}")
-    raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress)
+    if raw is None:
+        raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress)
     exc = (raw.get("exit") or {}).get("exception")
     explained = []
     if exc:

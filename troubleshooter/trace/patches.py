@@ -92,7 +92,9 @@ def _asked_enabled(signature, scaler, args: tuple, kwargs: dict) -> bool | None:
     return bool(value) if isinstance(value, bool) else None
 
 
-def _patch_scaler(rec: Recorder, cls) -> None:
+def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> None:
+    """Wrap GradScaler's methods; `only`: just these names (a subclass's own overrides, e.g.
+    ShardedGradScaler's scale/unscale_/update, which never call the wrapped base methods)."""
     def make_init(orig):
         try:
             signature = inspect.signature(orig)
@@ -143,7 +145,8 @@ def _patch_scaler(rec: Recorder, cls) -> None:
 
     for name, make in (("__init__", make_init), ("scale", make_scale), ("unscale_", make_unscale),
                        ("step", make_step), ("update", make_update), ("state_dict", make_state_dict)):
-        _wrap(cls, name, make)
+        if only is None or name in only:
+            _wrap(cls, name, make)
 
 
 def _get_scale(scaler) -> float | None:
