@@ -238,8 +238,9 @@ def disagreement_findings(steps: list[dict], raws: list[dict]) -> list[Finding]:
     after = last["scale_after"] if any(v is not None for v in last["scale_after"].values()) else last["scale"]
     scales = ", ".join(f"rank {r} {_fmt_scale(v)}" for r, v in after.items())
     fsdp1 = any(p.get("version") == 1 for raw in raws for p in _dist(raw).get("fsdp") or [])
-    sharded = any(r.get("by") == "ShardedGradScaler" for raw in raws for r in _dist(raw).get("reductions") or [])
-    if fsdp1 and not sharded:
+    sharded_steps = {s for raw in raws for r in _dist(raw).get("reductions") or [] if r.get("by") == "ShardedGradScaler"
+                     for s in r.get("steps") or []}  # steps whose found_inf a ShardedGradScaler all-reduced
+    if fsdp1 and first["step"] not in sharded_steps:
         cause = ("a plain GradScaler on an FSDP1 model: each rank checks only its own shard of the gradients for "
                  "inf/NaN, so one rank skips while the others update their shards and their loss scales split")
         fix = ("Use `ShardedGradScaler` (torch.distributed.fsdp.sharded_grad_scaler) with FSDP1: it all-reduces "

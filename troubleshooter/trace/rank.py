@@ -189,7 +189,7 @@ class RankObserver:
             tensor = kwargs.get("input", args[1] if len(args) > 1 else None)
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             return
-        by, where = self._caller(sys._getframe(3))
+        by, where = self._caller(sys._getframe(2))
         key = (op, _dtype(tensor.dtype), by)
         entry = self.reductions.get(key)
         if entry is None:
