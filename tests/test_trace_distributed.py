@@ -177,7 +177,7 @@ def test_nproc_is_bounded_by_the_host_and_the_operator(monkeypatch):
 
 
 def test_a_stack_dumped_in_a_collective_names_the_users_line():
-    from troubleshooter.trace.distributed import _blocked_at
+    from troubleshooter.torchrun import _blocked_at
 
     torch_dir = os.path.dirname(__import__("torch").__file__)
     text = (f"Thread 0x00007f0000000002 (most recent call first):\n  File \"/usr/lib/python3.11/threading.py\", line 324 in wait\n\n"
@@ -195,7 +195,7 @@ def test_nccl_on_a_host_without_cuda_runs_gloo(monkeypatch):
     from troubleshooter.trace.rank import RankObserver
 
     seen = []
-    observer = RankObserver(rec=None, folder="/nonexistent")
+    observer = RankObserver(rec=None, folder="/nonexistent")  # nothing is written before install()
     wrapped = observer._make_init_process_group(lambda *a, **k: seen.append((a, k)))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     wrapped("nccl", timeout=None)

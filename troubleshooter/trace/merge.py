@@ -46,16 +46,18 @@ HALF = ("float16",)
 
 def trace_ranks(trace_one: Callable[..., dict], script, args, steps: int, device: str, timeout_s: float,
                 nan: bool, headroom: bool, cwd: str | None, nproc: int, progress=None) -> dict:
-    """Launch N ranks (`distributed.run_ranks`), report each (`trace_one(raw=...)`), merge."""
-    from .distributed import check_nproc, run_ranks
+    """Launch N ranks of the traced child (`torchrun.run_ranks`), report each (`trace_one(raw=...)`), merge."""
+    from ..torchrun import check_nproc, run_ranks
     from .runner import validate_script
 
     nproc = check_nproc(nproc, device)
     path = validate_script(script, cwd)
     if progress is not None:
         progress(0.0, f"starting {os.fspath(script)} on {nproc} ranks")
-    launched = run_ranks(path, os.fspath(script), list(args), steps, timeout_s, nan, headroom, cwd, device, nproc,
-                         progress)
+    config = {"script": str(path.resolve()), "argv0": os.fspath(script), "args": [str(a) for a in args],
+              "steps": steps, "nan": nan, "headroom": headroom}  # what trace/child.py reads, as runner.run_child writes it
+    launched = run_ranks("troubleshooter.trace.child", config, nproc, timeout_s, cwd or str(path.parent), device,
+                         steps, progress)
     reports = [trace_one(script, args, steps=steps, device=device, timeout_s=timeout_s, nan=nan, headroom=headroom,
                          cwd=cwd, raw=raw) for raw in launched["ranks"]]
     out = merge(os.fspath(script), [os.fspath(script), *map(str, args)], launched, reports)

@@ -1,6 +1,6 @@
 """One rank of `trace --nproc`: what torch.distributed does to this rank's mixed precision.
 
-The launcher (`trace/distributed.py`) starts `python -m troubleshooter.trace.child CONFIG` once per
+The launcher (`torchrun.run_ranks`) starts `python -m troubleshooter.trace.child CONFIG` once per
 rank under torch's own launcher; `child.py` installs the single-process observers as always and,
 because CONFIG says `distributed`, these as well (`install_rank`). They record, in this process:
 
@@ -26,18 +26,15 @@ the nccl -> gloo substitution on a host without CUDA, without which it could not
 """
 from __future__ import annotations
 
-import faulthandler
 import functools
-import json
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
 import torch
 
+from ..rank_files import RankFiles
 from .locate import is_user_file, user_frame
 from .on_import import after_import
 
@@ -88,10 +85,8 @@ class RankObserver:
 
     def __init__(self, rec, folder: str):
         self.rec = rec
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.folder = folder
+        self.files = RankFiles(folder)
+        self.rank, self.local_rank, self.world_size = self.files.rank, self.files.local_rank, self.files.world_size
         self.backend: dict[str, Any] = {}
         self.ddp: dict[int, dict] = {}  # id(DDP module) -> where, hook, dtypes
         self.wrapped: dict[int, dict] = {}  # id(FSDP module) -> version, where, policy given
@@ -103,38 +98,11 @@ class RankObserver:
         self.policy_sites: list[tuple] = []  # (MixedPrecision / MixedPrecisionPolicy object, where it was made)
         self._kinds: dict[type, str | None] = {}
 
-    # -- files the launcher reads ------------------------------------------------------------
-    def path(self, what: str) -> str:
-        return os.path.join(self.folder, f"rank{self.rank}.{what}")
-
-    def write_hello(self) -> None:
-        """pid and main thread first, before the script runs: the launcher needs them to stop us."""
-        hello = {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-                 "pid": os.getpid(), "thread": threading.main_thread().ident, "started": time.time()}
-        tmp = self.path("hello.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(hello, fh)
-        os.replace(tmp, self.path("hello.json"))
-
-    def write_state(self, exit_info: dict | None) -> None:
-        """Steps so far and, at the end, how the script ended (with when: the first rank to fail is the cause)."""
-        state = {"steps": self.rec.steps, "final": exit_info is not None,
-                 "status": (exit_info or {}).get("status"), "time": time.time()}
-        tmp = self.path("state.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh)
-        os.replace(tmp, self.path("state.json"))
-
-    def enable_stack_dump(self) -> None:
-        self._stack = open(self.path("stack"), "w")  # noqa: SIM115 - held for the process's life
-        faulthandler.register(signal.SIGUSR1, file=self._stack, all_threads=True, chain=False)
-
     # -- the observers -----------------------------------------------------------------------
     def install(self) -> None:
         import torch.distributed as dist
 
-        self.enable_stack_dump()  # before the hello: the launcher's SIGUSR1 must never find it missing
-        self.write_hello()
+        self.files.start()
         if dist.is_available():
             import torch.distributed.distributed_c10d as c10d
 
@@ -480,7 +448,7 @@ def install_rank(rec, cfg: dict, writer) -> RankObserver:
 
     def _write(exit_info):
         write(exit_info)
-        _observer.write_state(exit_info)
+        _observer.files.state(rec.steps, (exit_info or {}).get("status") if exit_info is not None else None)
     writer._write = _write  # the launcher polls the small state file, not the whole result
     _observer.install()
     return _observer

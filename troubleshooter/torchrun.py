@@ -1,10 +1,12 @@
-"""`trace --nproc N`: the user's script under torch's own launcher, one traced child per rank.
+"""N ranks of one of our modules under torch's own launcher (`trace --nproc`, `check --nproc`).
 
     python -m torch.distributed.run --standalone --nproc_per_node N --max-restarts 0 \
-        --log-dir TMP/logs --redirects 3 -m troubleshooter.trace.child TMP/config.json
+        --log-dir TMP/logs --redirects 3 -m MODULE TMP/config.json
 
-is what `torchrun --standalone --nproc_per_node N train.py` would do, with each rank running the
-script the way single-process `trace` runs it (`trace/child.py`, plus `trace/rank.py`). torchrun
+is what `torchrun --standalone --nproc_per_node N` does; MODULE is `troubleshooter.trace.child`
+(the user's script, traced) or `troubleshooter.engine.distributed_check` (the check's ranks). Each
+rank reads CONFIG, writes its files through `rank_files.RankFiles` into CONFIG["distributed"]["dir"]
+and its result to CONFIG["result"] with `{rank}` filled in. torchrun
 starts every rank in a session of its own, so stopping torchrun's process group does not stop the
 ranks: each rank writes a hello file (pid, main thread) before the script starts, and this module
 stops ranks by their own process groups (their DataLoader workers with them), finds any rank that
@@ -28,12 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
-from .locate import is_user_file
-from .runner import _PACKAGE_ROOT, _tail, device_env
+from .errors import UserError
+from .trace.locate import is_user_file
+from .trace.runner import _PACKAGE_ROOT, _tail, device_env
 
 FOLLOW_S = 5.0  # after a rank failed: time the others get to end on their own
 DUMP_WAIT_S = 0.5  # for faulthandler to write a stack
@@ -88,38 +89,36 @@ def _uses_gpus(device: str) -> bool:
         return False
 
 
-def launcher_command(nproc: int, config_path: str, log_dir: str) -> list[str]:
-    """torch's own launcher, as `torchrun --standalone --nproc_per_node N` runs it."""
+def launcher_command(nproc: int, module: str, config_path: str, log_dir: str) -> list[str]:
+    """torch's own launcher, as `torchrun --standalone --nproc_per_node N -m MODULE CONFIG` runs it."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "--max-restarts", "0", "--log-dir", log_dir, "--redirects", "3",
-            "-m", "troubleshooter.trace.child", config_path]
+            "--max-restarts", "0", "--log-dir", log_dir, "--redirects", "3", "-m", module, config_path]
 
 
-def run_ranks(script: Path, argv0: str, args: list[str], steps: int, timeout_s: float, nan: bool,
-              headroom: bool, cwd: str | None, device: str, nproc: int,
-              progress: Callable[[float, str], None] | None = None) -> dict:
-    """Launch, watch and stop the ranks; returns {"ranks": [raw child result per rank], "launcher": {...}}."""
+def run_ranks(module: str, config: dict, nproc: int, timeout_s: float, cwd: str, device: str = "auto",
+              steps: int = 1, progress: Callable[[float, str], None] | None = None) -> dict:
+    """Launch, watch and stop N ranks of `module`; returns {"ranks": [each rank's result, with
+    "process" and "rank_process" added], "launcher": {...}}. `steps`: what the ranks' state files
+    count towards, for `progress`."""
     env = dict(os.environ)
     env.update(device_env(device))
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.pop("TORCHELASTIC_RUN_ID", None)  # a trace started from inside a torchrun job is its own run
-    with tempfile.TemporaryDirectory(prefix="amp-trace-ranks-") as tmp:
-        config = {"script": str(script.resolve()), "argv0": argv0, "args": list(args), "steps": steps,
-                  "nan": nan, "headroom": headroom, "result": os.path.join(tmp, "result.rank{rank}.json"),
-                  "distributed": {"dir": tmp}}
+    env.pop("TORCHELASTIC_RUN_ID", None)  # started from inside a torchrun job: still a run of its own
+    with tempfile.TemporaryDirectory(prefix="amp-ranks-") as tmp:
+        config = {**config, "result": os.path.join(tmp, "result.rank{rank}.json"), "distributed": {"dir": tmp}}
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w") as fh:
             json.dump(config, fh)
         log_dir = os.path.join(tmp, "logs")
-        command = launcher_command(nproc, config_path, log_dir)
+        command = launcher_command(nproc, module, config_path, log_dir)
         out_path, err_path = os.path.join(tmp, "launcher.stdout"), os.path.join(tmp, "launcher.stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(command, cwd=cwd or str(script.parent), env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True)
             except OSError as exc:
-                raise UserError(f"cannot start torch.distributed.run for {script}: {exc}") from None
+                raise UserError(f"cannot start torch.distributed.run: {exc}") from None
             watch = _Watch(proc, tmp, nproc, config_path, timeout_s, progress, steps)
             try:
                 watch.run()
