@@ -203,3 +203,21 @@ def test_nccl_on_a_host_without_cuda_runs_gloo(monkeypatch):
     wrapped(backend="gloo")
     assert seen == [(("gloo",), {"timeout": None}), ((), {"backend": "gloo"}), ((), {"backend": "gloo"})]
     assert observer.backend["asked"] == "gloo" and "gloo ran instead" in observer.backend["substituted"]
+
+
+def test_the_page_shows_the_per_rank_table_and_bounds_the_count(fsdp, monkeypatch):
+    from troubleshooter.ui import ranks, server
+    from troubleshooter.ui.trace import summary_markdown
+
+    text = summary_markdown({**fsdp, "script": "fsdp_scalers.py"})
+    assert "2 ranks under torch.distributed.run" in text and "| rank | status |" in text and "ranks disagree" in text
+    monkeypatch.setattr(ranks, "host_devices", lambda: ["auto", "cpu"])
+    monkeypatch.setattr(server.SETTINGS, "max_nproc", 2)
+    assert ranks.parse_nproc(1) is None and ranks.parse_nproc("2", "cpu") == 2
+    with pytest.raises(UserError, match="at most"):
+        ranks.parse_nproc(3, "cpu")
+    monkeypatch.setattr(server.SETTINGS, "max_nproc", 1)
+    with pytest.raises(UserError, match="at most 1"):
+        ranks.parse_nproc(2, "cpu")
+    with pytest.raises(UserError, match="whole number"):
+        ranks.parse_nproc(1.5, "cpu")

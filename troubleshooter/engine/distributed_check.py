@@ -36,11 +36,11 @@ _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "float16": "float16", "b
                   "bfloat16": "bfloat16", "fp32": "float32", "float": "float32", "float32": "float32"}
 
 
-def check_options(nproc, wrap: str, param_dtype: str, reduce_dtype: str | None, device: str = "auto") -> dict:
+def check_options(nproc, wrap: str, param_dtype: str, reduce_dtype: str | None, device: str = "auto",
+                  host: bool = True) -> dict:
     """The options validated (UserError with the reason); reduce_dtype None: param_dtype's, as FSDP2
-    reduces in the compute dtype when none is given (DDP: float32, its default all-reduce)."""
-    from ..torchrun import check_nproc
-
+    reduces in the compute dtype when none is given (DDP: float32, its default all-reduce).
+    `host` False: nproc is not checked against this host (the page checks it without torch)."""
     wrap = (wrap or "").strip().lower()
     if wrap not in WRAPS:
         raise UserError(f"--wrap must be one of {', '.join(WRAPS)}, got {wrap!r}")
@@ -58,7 +58,12 @@ def check_options(nproc, wrap: str, param_dtype: str, reduce_dtype: str | None, 
         raise UserError("--param-dtype is needed")
     if reduce is None:
         reduce = param if wrap == "fsdp2" else "float32"
-    return {"nproc": check_nproc(nproc, device), "wrap": wrap, "param_dtype": param, "reduce_dtype": reduce}
+    if host:
+        from ..torchrun import check_nproc
+
+        nproc = check_nproc(nproc, device)
+    return {"nproc": nproc, "wrap": wrap, "param_dtype": param,
+            "reduce_dtype": reduce}
 
 
 def check_distributed(source, nproc: int, wrap: str = "ddp", param_dtype: str = "float16",

@@ -66,10 +66,15 @@ def rules(rule_id: str = "") -> tuple[str, str]:
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
                 checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
-                budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
+                budget_s: float = check.DEFAULT_UI_BUDGET_S, nproc: float = 1, wrap: str = "ddp",
+                param_dtype: str = "float16", reduce_dtype: str = "") -> tuple[str, FileData | None]:
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
-    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
+    seconds: (the `check --format json` object, the skip-rate plot PNG or none). nproc > 1: the
+    skip-rate and NaN checks under torch.distributed (`check --nproc` JSON, no plot)."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
+    ranks = check.parse_nproc(nproc, device)
+    if ranks is not None:
+        return as_json_text(check.run_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps)), None
     report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
     return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
@@ -118,11 +123,11 @@ def recipe_loop(options: str = "{}") -> tuple[str, FileData]:
 
 
 @endpoint
-def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto") \
-        -> tuple[str, FileData | None]:
+def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+              nproc: float = 1) -> tuple[str, FileData | None]:
     """Run the user's training script for a few steps on this host (only with --allow-exec):
-    (the trace JSON, the loss-scale plot PNG or none)."""
-    result = trace.run("", script, args, steps, device)
+    (the trace JSON, the loss-scale plot PNG or none). nproc > 1: under torch.distributed.run."""
+    result = trace.run("", script, args, steps, device, nproc=nproc)
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
 
 

@@ -25,6 +25,7 @@ class Settings:
     allow_exec: bool = False  # only then may uploaded Python model files run (in a child process)
     max_file_mb: float = DEFAULT_MAX_FILE_MB
     job_timeout_s: float = 600.0  # wall-clock limit of one check/speedup job in its worker
+    max_nproc: int = 2  # most torch.distributed ranks one trace/check may start (the host bounds it too)
 
     @property
     def max_file_bytes(self) -> int:
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest upload accepted, in MiB (default {DEFAULT_MAX_FILE_MB:g})")
     p.add_argument("--job-timeout", type=float, default=600.0, metavar="S",
                    help="time limit of one check or speedup job, in seconds (default 600)")
+    p.add_argument("--max-nproc", type=int, default=2, metavar="N",
+                   help="most processes (torch.distributed ranks) one trace or check may start; the host's CPU "
+                        "cores, or GPUs for GPU jobs, bound it too (default 2; 1 turns multi-process runs off)")
     return p
 
 
@@ -81,6 +85,8 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         raise UserError(f"--max-file-mb must be positive, not {args.max_file_mb:g}")
     if not args.job_timeout > 0:
         raise UserError(f"--job-timeout must be positive, not {args.job_timeout:g}")
+    if args.max_nproc < 1:
+        raise UserError(f"--max-nproc must be at least 1, not {args.max_nproc}")
     auth_text = args.auth if args.auth is not None else environ.get(AUTH_ENV)
     auth = parse_auth(auth_text) if auth_text else None
     if args.allow_exec and not is_loopback(args.host) and auth is None:
@@ -89,7 +95,7 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
             f"(or {AUTH_ENV}): otherwise anyone who can reach the port can run code here"
         )
     return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
-                    max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout)
+                    max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout, max_nproc=args.max_nproc)
 
 
 def settings_or_exit(argv: list[str] | None = None) -> Settings:
