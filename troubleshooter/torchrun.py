@@ -126,6 +126,7 @@ def run_ranks(module: str, config: dict, nproc: int, timeout_s: float, cwd: str,
                 leftovers = watch.cleanup()
         ranks = [watch.rank_raw(r) for r in range(nproc)]
         launcher = {"command": command, "nproc": nproc, "returncode": proc.returncode, "timed_out": watch.timed_out,
+                    "timeout_s": timeout_s,
                     "wall_s": round(watch.wall, 3), "first_failure": watch.first_failure,
                     "stopped": sorted(watch.stopped), "pids": {"launcher": proc.pid, **{str(r): h.get("pid")
                                                                                         for r, h in watch.hello.items()}},
@@ -143,6 +144,7 @@ class _Watch:
         self.ended: dict[int, dict] = {}  # rank -> {"status", "time"} from its state file
         self.dead: dict[int, float] = {}  # rank -> when its process was found gone without a final result
         self.stopped: set[int] = set()  # ranks this module stopped (after a failure or at the time limit)
+        self.starting: set[int] = set()  # ranks stopped before they said hello
         self.stacks: dict[int, str] = {}
         self.timed_out = False
         self.first_failure: dict | None = None
@@ -217,8 +219,17 @@ class _Watch:
         return [r for r in range(self.nproc) if r not in self.ended and r not in self.dead]
 
     def _stop(self, ranks: list[int]) -> None:
-        """Stack dump, SIGTERM, SIGKILL for the ranks still running; the launcher after them."""
+        """Stack dump, SIGTERM, SIGKILL for the ranks still running; the launcher after them. A rank
+        that has not said hello is still starting (importing torch): killed at once, nothing to say."""
+        self._poll()
         known = [r for r in ranks if r in self.hello and _alive(self.hello[r]["pid"])]
+        starting = [r for r in ranks if r not in self.hello]
+        if starting:
+            said = {h["pid"] for h in self.hello.values()}
+            for pid in _pids_with(self.config_path):
+                if pid != self.proc.pid and pid not in said:
+                    _signal(pid, signal.SIGKILL)
+            self.starting.update(starting)
         for r in known:
             _signal(self.hello[r]["pid"], signal.SIGUSR1, group=False)
         if known:
@@ -265,7 +276,8 @@ class _Watch:
         raw["process"] = {"returncode": None, "timed_out": stopped and self.timed_out, "wall_s": round(self.wall, 3),
                           "stdout_tail": out, "stderr_tail": err}
         ended = self.ended.get(rank, {}).get("time") or self.dead.get(rank)
-        raw["rank_process"] = {"rank": rank, "pid": hello.get("pid"), "said_hello": bool(hello), "ended_at": ended,
+        said = bool(hello) and rank not in self.starting
+        raw["rank_process"] = {"rank": rank, "pid": hello.get("pid"), "said_hello": said, "ended_at": ended,
                                "stopped": stopped, "stopped_because": ("time limit" if self.timed_out else
                                                                        "another rank failed") if stopped else None,
                                "died": rank in self.dead,

@@ -86,7 +86,7 @@ def merge(script: str, argv: list[str], launched: dict, reports: list[dict]) -> 
     base.update(script=script, argv=argv, findings=[{**f.to_dict(), "step": _first_step(f)} for f in findings],
                 exit=_overall_exit(rows, reports), precision=precision)
     base["distributed"] = {
-        "nproc": launcher["nproc"], "launcher": {k: launcher[k] for k in ("command", "returncode", "timed_out", "wall_s",
+        "nproc": launcher["nproc"], "launcher": {k: launcher[k] for k in ("command", "returncode", "timed_out", "timeout_s", "wall_s",
                                                                           "pids", "leftover_processes", "stderr_tail")},
         "backend": _first(raws, "backend"), "ranks": rows, "steps": steps,
         "reductions": _reductions(raws), "ddp": _ddp(raws), "fsdp": fsdp, "gradient_sync": _sync_table(raws)}
@@ -139,7 +139,11 @@ def _rank_row(rank: int, raw: dict, report: dict, cause: int | None) -> dict:
     exc = ex.get("exception") or {}
     where = {"path": exc.get("path"), "line": exc.get("line")} if exc else None
     consequence = False
-    if not proc.get("said_hello"):
+    doing = (proc.get("blocked") or {}).get("doing")
+    if not proc.get("said_hello") and proc.get("stopped_because") == "time limit":
+        doing = "still starting, before the script"
+        status, description = "timeout", "was stopped by the time limit before it reached the script (still starting)"
+    elif not proc.get("said_hello"):
         status, description = "not started", "never reached the script (it failed while starting)"
     elif proc.get("stopped"):
         blocked = proc.get("blocked") or {}
@@ -155,7 +159,7 @@ def _rank_row(rank: int, raw: dict, report: dict, cause: int | None) -> dict:
         description = f"raised because rank {first['rank']} ended: its collective lost the other side"
     scale = [s for s in report.get("scale") or [] if s is not None]
     return {"rank": rank, "pid": proc.get("pid"), "status": status, "description": description,
-            "consequence": consequence, "steps_observed": report.get("steps_observed"),
+            "consequence": consequence, "doing": doing, "steps_observed": report.get("steps_observed"),
             "skipped_steps": report.get("skipped_steps") or [], "final_scale": scale[-1] if scale else None,
             "where": where, "exception": {"type": exc.get("type"), "message": (exc.get("message") or "")[:300]}
             if exc else None, "findings": len(report.get("findings") or [])}
@@ -437,13 +441,13 @@ def failure_findings(rows: list[dict], launcher: dict) -> list[Finding]:
                             "stopped_ranks": [r["rank"] for r in others if r["status"] in ("stopped", "timeout")]}))
     timed = [r for r in rows if r["status"] == "timeout"]
     if timed and not failed:
-        running = [r for r in timed if "running" in (r.get("description") or "")]
+        running = [r for r in timed if r.get("doing") == "running"]
         lead = running[0] if running else timed[0]
         where = lead.get("where") or {}
         out.append(Finding(RANK_HUNG[0], RANK_HUNG[1], Severity.WARNING,
-                           f"the time limit ({launcher.get('wall_s', 0):.0f} s) stopped "
-                           + "; ".join(f"rank {r['rank']} after {r.get('steps_observed') or 0} steps, "
-                                       f"{(r.get('description') or '').split(', ', 1)[-1]}{_at(r)}" for r in timed)
+                           f"the time limit ({launcher.get('timeout_s') or 0:g} s) stopped "
+                           + "; ".join(f"rank {r['rank']} after {r.get('steps_observed') or 0} steps"
+                                       + (f", {r['doing']}" if r.get("doing") else "") + _at(r) for r in timed)
                            + (f": rank {_ranks(r['rank'] for r in running)} was not waiting in a collective, the "
                               "others waited for it" if running and len(running) < len(timed) else ""),
                            "If a rank is stuck, make every rank run the same collectives in the same order; otherwise "
