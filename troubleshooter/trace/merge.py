@@ -199,9 +199,15 @@ def _merged_rank_findings(reports: list[dict], rows: list[dict]) -> list[Finding
     n = len(reports)
     for f, ranks in merged.values():
         note = "every rank" if len(ranks) == n else f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}"
-        out.append(Finding(f.rule, f.name, f.severity, f"{f.message} [{note}]", f.suggestion, f.location, f.precision,
+        message = _ONE_PROCESS.sub(f"Traced on {n} ranks here (see AMP270 for a disagreement seen)", f.message) \
+            if n > 1 else f.message
+        out.append(Finding(f.rule, f.name, f.severity, f"{message} [{note}]", f.suggestion, f.location, f.precision,
                            {**f.data, "ranks": ranks}))
     return out
+
+
+# a single-process finding's note that its multi-rank consequence could not be seen (issue 23's AMP135)
+_ONE_PROCESS = re.compile(r"This trace ran one process[^.]*(\.[^.]*could not be observed here)?\.?")
 
 
 def _ranks(ranks) -> str:
@@ -375,8 +381,8 @@ def sync_findings(raws: list[dict]) -> list[Finding]:
     for step, fw in sorted(_micro_steps(raw).items()):
         if not fw[-1]["sync"]:
             unsynced.append((step, fw))
-        elif len(fw) > 1 and sum(1 for f in fw if f["sync"]) > 1:
-            every.append((step, fw))
+        elif sum(1 for f in fw if f["sync"]) > 1 and len(_backwards(raw, step)) > 1:
+            every.append((step, fw))  # several backwards, several of them reduced (an eval forward is not one)
     out = []
     if unsynced:
         step, fw = unsynced[0]
