@@ -80,7 +80,9 @@ def test_fsdp1_plain_scaler_ranks_disagree_at_its_step(fsdp):
 
 
 def test_sharded_scaler_and_fsdp2_plain_scaler_are_clean(fsdp):
-    assert problems(fsdp) == [("AMP270", line_of("fsdp_scalers.py", "fsdp1 plain step"))]
+    # the framework layer (issue 23) also names the plain scaler itself, AMP135, at the line that made it
+    assert set(problems(fsdp)) - {("AMP135", line_of("fsdp_scalers.py", "plain scaler"))} == {
+        ("AMP270", line_of("fsdp_scalers.py", "fsdp1 plain step"))}
     assert fsdp["exit"]["status"] == "finished" and fsdp["steps_observed"] == 9
     assert all(r["status"] == "finished" and r["steps_observed"] == 9 for r in fsdp["distributed"]["ranks"])
     # the sharded phase and the FSDP2 phase calibrate: both ranks skip the same steps

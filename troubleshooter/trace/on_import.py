@@ -11,6 +11,7 @@ import sys
 from typing import Callable
 
 _CALLBACKS: dict[str, list[Callable]] = {}
+_RESOLVING: set[str] = set()  # names this finder is asking the others about right now
 
 
 def after_import(name: str, callback: Callable) -> None:
@@ -31,18 +32,20 @@ def _quietly(callback: Callable, module) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Wraps the loader of a watched module so the callbacks run after it executes."""
+    """Wraps the loader of a watched module so the callbacks run after it executes. Another finder
+    that delegates the same way (the framework layer's, trace/frameworks.py) asks this one back while
+    it is asking: the name being resolved is answered None then, or the two would recurse forever."""
 
     def find_spec(self, name, path, target=None):
-        if name not in _CALLBACKS:
+        if name not in _CALLBACKS or name in _RESOLVING:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
+        _RESOLVING.add(name)
+        try:
+            spec = next((s for s in (f.find_spec(name, path, target) for f in list(sys.meta_path)
+                                     if f is not self and hasattr(f, "find_spec")) if s is not None), None)
+        finally:
+            _RESOLVING.discard(name)
+        if spec is None:
             return None
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
