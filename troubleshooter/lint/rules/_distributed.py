@@ -78,9 +78,18 @@ def rank_test(test: ast.AST) -> str | None:
         sides = [c.left, *c.comparators]
         words = {w for side in sides for w in names_in(side)}
         words |= {tail(n.func) or "" for side in sides for n in ast.walk(side) if isinstance(n, ast.Call)}
-        if any(RANK_NAME.search(w) for w in words) and any(isinstance(s, ast.Constant) for s in sides):
+        if any(RANK_NAME.search(w) for w in words) and any(_literal(s) for s in sides):
             return "compare"
     return "helper"
+
+
+def _literal(node: ast.AST) -> bool:
+    """`0`, or `(-1, 0)` / `{-1, 0}` of literals (YOLO's `RANK in {-1, 0}`)."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_literal(e) for e in node.elts)
+    return isinstance(node, ast.Constant)
 
 
 def rank_ifs(m: FileModel) -> list[tuple[ast.If, str]]:
