@@ -74,7 +74,9 @@ def merge(script: str, argv: list[str], launched: dict, reports: list[dict]) -> 
     rows = [_rank_row(r, raw, rep, cause) for r, (raw, rep) in enumerate(zip(raws, reports))]
     steps = _step_table(raws)
     findings = _merged_rank_findings(reports, rows)
-    findings += disagreement_findings(steps, raws)
+    disagreement = disagreement_findings(steps, raws)
+    findings = _without_unchecked_overflow(findings, disagreement)
+    findings += disagreement
     findings += unscaled_half_findings(raws)
     findings += sync_findings(raws)
     findings += failure_findings(rows, launcher)
@@ -208,6 +210,26 @@ def _merged_rank_findings(reports: list[dict], rows: list[dict]) -> list[Finding
 
 # a single-process finding's note that its multi-rank consequence could not be seen (issue 23's AMP135)
 _ONE_PROCESS = re.compile(r"This trace ran one process[^.]*(\.[^.]*could not be observed here)?\.?")
+
+
+def _without_unchecked_overflow(findings: list[Finding], disagreement: list[Finding]) -> list[Finding]:
+    """With --nan, a rank whose GradScaler did not skip a step the others skipped sees the overflow
+    in its unsharded gradients (FSDP1 reduces them after the hooks): that is AMP270's symptom, not a
+    non-finite value of its own, and its "without loss scaling" would be wrong. Folded into AMP270."""
+    if not disagreement:
+        return findings
+    d = disagreement[0].data
+    steps, stepped = set(d.get("steps") or []), set(d.get("stepped_ranks") or [])
+    kept, folded = [], []
+    for f in findings:
+        if f.rule in ("AMP202", "AMP205", "AMP206") and f.data.get("step") in steps \
+                and set(f.data.get("ranks") or []) <= stepped:
+            folded.append(f.rule)
+        else:
+            kept.append(f)
+    if folded:
+        d["folded_nonfinite_findings"] = folded
+    return kept
 
 
 def _ranks(ranks) -> str:
@@ -541,7 +563,7 @@ def render_text(report: dict, single: Callable[[dict], str]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
     parts = [head, single(report), "", "Per rank:", *lines]
     steps = step_lines(report)
-    if steps:
+    if any("S@" in s or "disagree" in s for s in steps):  # every rank stepping every step says nothing
         parts += ["", "Skip decisions per step (S skipped, . stepped, @ loss scale):", *steps]
     policy = _policy_lines(report)
     if policy:
@@ -555,7 +577,7 @@ def render_markdown(report: dict, single: Callable[[dict], str]) -> str:
     md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table[1:]]
     parts = [single(report), "**Per rank**", "", *md]
     steps = step_lines(report)
-    if steps:
+    if any("S@" in s or "disagree" in s for s in steps):
         parts += ["", "**Skip decisions per step** (S skipped, . stepped, @ loss scale)", "", "```", *steps, "```"]
     policy = _policy_lines(report)
     if policy:
