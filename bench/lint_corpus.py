@@ -4,7 +4,11 @@ Each corpus file is a short excerpt of a public training script (its header name
 and path); tests/lint_corpus/labels.json lists the pitfalls a reader finds in it (rule + line, and
 the code cell for notebooks). A finding that matches no label is a false finding.
 
-    python bench/lint_corpus.py [--json out.json] [--show]
+    python bench/lint_corpus.py [--json out.json] [--show] [--corpus tests/lint_corpus_frameworks]
+
+tests/lint_corpus_frameworks/ is the framework-managed set (Accelerate, Lightning/Fabric, HF Trainer,
+DeepSpeed, FSDP; issue 23): real files from fix commits and clean real files, plus scripts written the
+way each framework's docs write them (`origin` in its labels.json); its table adds a line per origin.
 """
 from __future__ import annotations
 
@@ -66,7 +70,25 @@ def table(result: dict) -> str:
     out.append(f"files: {len(result['labels'])}, unreadable: {len(result['unread'])}; false findings: "
                f"error {sev['error']}, warning {sev['warning']}, info {sev['info']}")
     out.append(generalisation_line(result))
+    out += origin_lines(result)
     return "\n".join(out)
+
+
+def origin_lines(result: dict) -> list[str]:
+    """Recall and false findings per `origin` label (the framework set: "real" / "docs-style"), and how
+    many clean files got a warning or an error."""
+    origins = sorted({e["origin"] for e in result["labels"].values() if e.get("origin")})
+    out = []
+    for o in origins:
+        names = {n for n, e in result["labels"].items() if e.get("origin") == o}
+        total = sum(len(result["labels"][n]["expect"]) for n in names)
+        got = sum(1 for f in result["found"] if f[0] in names)
+        sev = Counter(f[2] for f in result["false"] if f[0] in names)
+        clean = [n for n in names if not result["labels"][n]["expect"]]
+        warned = {f[0] for f in result["false"] if f[0] in clean and f[2] in ("error", "warning")}
+        out.append(f"{o} ({len(names)} files, {len(clean)} clean): {got}/{total} found; false findings: error "
+                   f"{sev['error']}, warning {sev['warning']}, info {sev['info']}; clean files warned: {len(warned)}")
+    return out
 
 
 def generalisation_line(result: dict) -> str:
@@ -86,8 +108,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the raw result here")
     ap.add_argument("--show", action="store_true", help="list misses and false findings")
+    ap.add_argument("--corpus", default=str(CORPUS), help="a corpus folder with labels.json (default: tests/lint_corpus)")
     args = ap.parse_args()
-    result = evaluate()
+    result = evaluate(Path(args.corpus))
     print(table(result))
     if args.show:
         for m in result["missed"]:

@@ -97,6 +97,8 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
 
 def run(preset: str, device: str, precision: str, repeats: int, steps: int, warmup: int,
         modes: tuple[str, ...] = MODES) -> dict:
+    """Medians per mode over `repeats` interleaved rounds; `modes` must hold plain, nanhunt and
+    detect_anomaly (nanhunt_before and the --breakdown modes are optional)."""
     device = prec.resolve_device(device)
     workload = load_workload(SpecSource.preset(preset))
     torch.manual_seed(0)
@@ -120,9 +122,11 @@ def run(preset: str, device: str, precision: str, repeats: int, steps: int, warm
     # the same ratio within each round (modes measured back to back): its spread shows the noise
     rounds = sorted((h - p) / (a - p) for p, h, a in zip(per_mode["plain"], per_mode["nanhunt"],
                                                          per_mode["detect_anomaly"]) if a > p)
-    before = med["nanhunt_before"] - med["plain"]
+    before = med["nanhunt_before"] - med["plain"] if "nanhunt_before" in med else None
     return {
-        "round_ratios": rounds, "ratio_before": before / anomaly if anomaly > 0 else float("nan"),
+        "round_ratios": rounds,
+        "ratio_before": before / anomaly if anomaly > 0 and before is not None else float("nan"),
+        "nanhunt_over_plain": ours / med["plain"] if med["plain"] > 0 else float("nan"),
         "preset": preset, "device": str(device), "precision": precision, "repeats": repeats,
         "steps_per_block": steps, "median_step_s": med,
         "added_s": {"nanhunt": ours, "detect_anomaly": anomaly},

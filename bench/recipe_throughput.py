@@ -9,7 +9,8 @@ for matmuls), so it is the true fp32 baseline.
 
     python bench/recipe_throughput.py [--steps 60] [--batch-size 8] [--compile]
 
-Needs a CUDA GPU; without one it says so and measures nothing.
+Needs a CUDA GPU; without one it says so and measures nothing. `measure()` is what
+bench/gpu_suite.py calls (its CPU dry run passes tiny sizes and device "cpu").
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,21 +31,106 @@ from troubleshooter import hardware  # noqa: E402
 from troubleshooter.recipes import render_recipe  # noqa: E402
 
 GPT2_SMALL = {"VOCAB_SIZE": 50304, "SEQ_LEN": 1024, "N_EMBD": 768, "N_HEAD": 12, "N_LAYER": 12}
+PRECISIONS = ("fp32", "bf16", "fp16")
 RATE = re.compile(r"\| ([\d,]+) tok/s")
 
 
-def gpt2_recipe(precision: str, compile_: bool, log_every: int) -> str:
+def sized_recipe(precision: str, compile_: bool, log_every: int, sizes: dict = GPT2_SMALL) -> str:
+    """The recipe for `precision` with its demo transformer resized to `sizes`."""
     text = render_recipe(precision=precision, compile=compile_, log_every=log_every)
-    for name, value in GPT2_SMALL.items():
+    for name, value in sizes.items():
         text, n = re.subn(rf"^{name} = \d+", f"{name} = {value}", text, count=1, flags=re.M)
         assert n == 1, f"the template has no {name} line any more"
     return text
 
 
-def params_gpt2_small() -> int:
-    c = GPT2_SMALL
+def gpt2_recipe(precision: str, compile_: bool, log_every: int) -> str:
+    return sized_recipe(precision, compile_, log_every, GPT2_SMALL)
+
+
+def parameter_count(sizes: dict = GPT2_SMALL) -> int:
+    """Parameters of the demo transformer at `sizes` (untied head)."""
+    c = sizes
     per_block = 12 * c["N_EMBD"] ** 2 + 13 * c["N_EMBD"]  # qkv + proj + 2-layer MLP + norms
     return c["N_LAYER"] * per_block + (2 * c["VOCAB_SIZE"] + c["SEQ_LEN"]) * c["N_EMBD"]
+
+
+def params_gpt2_small() -> int:
+    return parameter_count(GPT2_SMALL)
+
+
+def _device_name(device: str) -> str | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device).index or 0)
+
+
+def _launch(script: Path, device: str, steps: int, batch_size: int, out_dir: Path, env: dict | None):
+    return subprocess.Popen([sys.executable, str(script), "--device", device, "--max-steps", str(steps),
+                             "--batch-size", str(batch_size), "--out-dir", str(out_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def _finish(proc: subprocess.Popen, row: dict, t0: float, timeout_s: float, name: str | None,
+            n_params: int) -> None:
+    """Wait for one recipe process and fill its row: tokens/s and MFU, or the error."""
+    try:
+        stdout, stderr = proc.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        row["error"] = f"timed out after {timeout_s:g} s"
+        return
+    finally:
+        row["seconds"] = time.perf_counter() - t0
+    if proc.returncode != 0:
+        row["error"] = " ".join(stderr.strip().splitlines()[-1:]) or f"exit {proc.returncode}"
+        return
+    rates = [float(r.replace(",", "")) for r in RATE.findall(stdout)]
+    if not rates:
+        row["error"] = "no progress line with tok/s in the recipe's output"
+        return
+    row["windows"] = len(rates)
+    row["tokens_per_s"] = statistics.median(rates[1:] or rates)  # the first window includes warm-up
+    peak = hardware.peak_tflops(name, row["precision"]) if name else None
+    row["mfu"] = 6 * n_params * row["tokens_per_s"] / (peak * 1e12) if peak else None
+
+
+def measure(device: str = "cuda", precisions=PRECISIONS, steps: int = 60, batch_size: int = 8,
+            compile_: bool = False, sizes: dict = GPT2_SMALL, log_every: int = 10, timeout_s: float = 600,
+            env: dict | None = None, parallel: bool = False) -> dict:
+    """Run the recipe once per precision, one process each, one after another (`parallel`: all at
+    once, for a dry run whose rates mean nothing); tokens/s, MFU and the ratio to fp32 (when fp32 is
+    among them). A run that fails or times out is a row with its error."""
+    name = _device_name(device)
+    n_params = parameter_count(sizes)
+    rows = [{"precision": p, "tokens_per_s": None, "mfu": None, "vs_fp32": None, "error": None} for p in precisions]
+    with tempfile.TemporaryDirectory() as tmp:
+        scripts = []
+        for row in rows:
+            script = Path(tmp) / f"train_{row['precision']}.py"
+            script.write_text(sized_recipe(row["precision"], compile_, log_every, sizes))
+            scripts.append(script)
+        if parallel:
+            t0 = time.perf_counter()
+            procs = [_launch(sc, device, steps, batch_size, Path(tmp) / r["precision"], env)
+                     for sc, r in zip(scripts, rows)]
+            for proc, row in zip(procs, rows):
+                _finish(proc, row, t0, timeout_s, name, n_params)
+        else:
+            for script, row in zip(scripts, rows):
+                t0 = time.perf_counter()
+                proc = _launch(script, device, steps, batch_size, Path(tmp) / row["precision"], env)
+                _finish(proc, row, t0, timeout_s, name, n_params)
+    base = next((r["tokens_per_s"] for r in rows if r["precision"] == "fp32"), None)
+    for r in rows:
+        if base and r["tokens_per_s"]:
+            r["vs_fp32"] = r["tokens_per_s"] / base
+    return {"device": device, "device_name": name, "parameters": n_params, "sizes": dict(sizes), "steps": steps,
+            "batch_size": batch_size, "compile": compile_, "parallel": parallel, "rows": rows}
 
 
 def main() -> int:
@@ -57,34 +144,17 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU on this machine: nothing measured")
         return 1
-    name = torch.cuda.get_device_name(0)
-    n_params = params_gpt2_small()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for precision in ("fp32", "bf16", "fp16"):
-            script = Path(tmp) / f"train_{precision}.py"
-            script.write_text(gpt2_recipe(precision, args.compile, log_every=10))
-            proc = subprocess.run([sys.executable, str(script), "--device", "cuda", "--max-steps", str(args.steps),
-                                   "--batch-size", str(args.batch_size), "--out-dir", str(Path(tmp) / precision)],
-                                  capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-            if proc.returncode != 0:
-                rows.append((precision, None, None, proc.stderr.strip().splitlines()[-1:]))
-                continue
-            rates = [float(r.replace(",", "")) for r in RATE.findall(proc.stdout)][1:]
-            tok_s = statistics.median(rates)
-            peak = hardware.peak_tflops(name, precision)
-            mfu = 6 * n_params * tok_s / (peak * 1e12) if peak else None
-            rows.append((precision, tok_s, mfu, []))
-    base = rows[0][1]
-    print(f"{name} · GPT-2 small ({n_params / 1e6:.0f}M params) · batch {args.batch_size} x 1024 tokens"
-          f"{' · torch.compile' if args.compile else ''} · torch {torch.__version__}")
+    result = measure("cuda", PRECISIONS, args.steps, args.batch_size, args.compile)
+    print(f"{result['device_name']} · GPT-2 small ({result['parameters'] / 1e6:.0f}M params) · batch "
+          f"{args.batch_size} x 1024 tokens{' · torch.compile' if args.compile else ''} · torch {torch.__version__}")
     print("| precision | tokens/s | vs fp32 | MFU |\n| --- | --- | --- | --- |")
-    for precision, tok_s, mfu, err in rows:
-        if tok_s is None:
-            print(f"| {precision} | failed: {' '.join(err)} | | |")
+    for row in result["rows"]:
+        if row["tokens_per_s"] is None:
+            print(f"| {row['precision']} | failed: {row['error']} | | |")
             continue
-        ratio = f"{tok_s / base:.2f}x" if base else "-"
-        print(f"| {precision} | {tok_s:,.0f} | {ratio} | {f'{mfu:.1%}' if mfu else '-'} |")
+        ratio = f"{row['vs_fp32']:.2f}x" if row["vs_fp32"] else "-"
+        print(f"| {row['precision']} | {row['tokens_per_s']:,.0f} | {ratio} | "
+              f"{format(row['mfu'], '.1%') if row['mfu'] else '-'} |")
     return 0
 
 

@@ -23,28 +23,55 @@ import torch  # noqa: E402
 from troubleshooter import hardware  # noqa: E402
 from troubleshooter.engine import precision as prec  # noqa: E402
 from troubleshooter.engine.speedup import run_speedup  # noqa: E402
+from troubleshooter.engine.timing import StepTimer  # noqa: E402
 from troubleshooter.spec import SpecSource, load_workload  # noqa: E402
 
 
+_MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+def matmul_rate(device: torch.device, precision: str = "bf16", n: int = 8192, iters: int = 20,
+                warmup: int = 3) -> dict:
+    """TFLOP/s of an n x n @ n x n matmul in `precision` (fp32 with TF32 off, tf32 with it on),
+    timed after a warm-up like a training step (StepTimer: CUDA events on the device's own stream,
+    read after a synchronisation; perf_counter around a synchronised block elsewhere)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=_MATMUL_DTYPES[precision])
+    b = torch.randn(n, n, device=device, dtype=_MATMUL_DTYPES[precision])
+    c = torch.empty_like(a)  # one output buffer: 20 results of 16384^2 would hold 10 GB
+
+    def products(k: int) -> None:
+        for _ in range(k):
+            torch.matmul(a, b, out=c)
+
+    timer = StepTimer(device)
+    with prec.tf32_mode(precision == "tf32" and device.type == "cuda"):
+        products(warmup)
+        timer.time(lambda: products(iters))
+        (ms,) = timer.collect()
+    achieved = 2.0 * n**3 * iters / (ms / 1000.0) / 1e12
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = hardware.peak_tflops(name, precision) if name else None
+    return {"precision": precision, "device": name or device.type, "n": n, "iters": iters, "ms": ms,
+            "achieved_tflops": achieved, "peak_tflops": peak, "share_of_peak": achieved / peak if peak else None}
+
+
 def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 20) -> dict:
-    """One large bf16 matmul, timed with CUDA events after a warm-up: the practical ceiling."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        a @ b
-    end.record()
-    torch.cuda.synchronize(device)
-    seconds = start.elapsed_time(end) / 1000.0
-    achieved = 2.0 * n**3 * iters / seconds / 1e12
-    name = torch.cuda.get_device_name(device)
-    peak = hardware.peak_tflops(name, "bf16")
-    return {"device": name, "n": n, "iters": iters, "achieved_tflops": achieved, "peak_tflops": peak,
-            "share_of_peak": achieved / peak if peak else None}
+    """One large bf16 matmul after a warm-up: the practical ceiling a model's bf16 step can reach."""
+    return matmul_rate(device, "bf16", n, iters)
+
+
+def run_twice(workload, device, precisions=None, budget_s: float = 20.0, compile: bool = False,
+              log=None) -> list[dict]:
+    """The speedup check twice in one process, as a user re-running it would (the same seed)."""
+    runs = []
+    for i in range(2):
+        t0 = time.perf_counter()
+        runs.append(run_speedup(workload, device=device, precisions=precisions, budget_s=budget_s, compile=compile))
+        if log is not None:
+            log(f"run {i + 1}: {time.perf_counter() - t0:.1f} s, {runs[-1]['settings']['rounds']} rounds, "
+                f"stopped: {runs[-1]['settings']['stopped_because']}")
+    return runs
 
 
 def compare(first: dict, second: dict) -> dict:
@@ -73,13 +100,8 @@ def main(argv=None) -> int:
 
     device = prec.resolve_device(args.device)
     workload = load_workload(SpecSource.preset(args.preset))
-    runs = []
-    for i in range(2):
-        t0 = time.perf_counter()
-        runs.append(run_speedup(workload, device=device, precisions=args.precisions,
-                                budget_s=args.budget, compile=args.compile))
-        print(f"run {i + 1}: {time.perf_counter() - t0:.1f} s, {runs[-1]['settings']['rounds']} rounds, "
-              f"stopped: {runs[-1]['settings']['stopped_because']}", file=sys.stderr)
+    runs = run_twice(workload, device, args.precisions, args.budget, args.compile,
+                     log=lambda line: print(line, file=sys.stderr))
     report = {"preset": args.preset, "device": runs[0]["device"].get("summary"), "budget_s": args.budget,
               "compile": args.compile, "ratios": compare(*runs),
               "medians_ms": [{p: r["median_ms"] for p, r in run["results"].items()} for run in runs],

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
+from troubleshooter.engine import precision as prec  # noqa: E402
 from troubleshooter.engine.speedup import run_speedup  # noqa: E402
 from troubleshooter.engine.verdict import level_for  # noqa: E402
 from troubleshooter.spec import SpecSource, load_workload  # noqa: E402
@@ -55,38 +56,47 @@ def busy(burners: int):
             p.wait()
 
 
-def reference(workload, precisions, min_run_time: float) -> dict:
-    """median/IQR per precision of a hand-written training step, timed by torch.utils.benchmark.
+def _tf32(precision: str, device: torch.device):
+    """TF32 on only for tf32 on CUDA (fp32 is strict fp32, as in the speedup check)."""
+    return prec.tf32_mode(precision == "tf32" and device.type == "cuda")
+
+
+def reference(workload, precisions, min_run_time: float, device: str | torch.device = "cpu") -> dict:
+    """median/IQR per precision of a hand-written training step, timed by torch.utils.benchmark
+    (which synchronises CUDA around each block). fp32 on CUDA runs with TF32 off, tf32 with it on.
 
     Timed in the listed order and then in reverse (A B ... B A), half the run time each, and the
     blocks of both passes pooled: a host whose speed drifts during the run (this VM's step times
     move by 20% within a minute) would otherwise favour whichever precision is timed first."""
     import statistics
 
+    device = torch.device(device)
     steps, blocks = {}, {p: [] for p in precisions}
     for p in precisions:
         torch.manual_seed(0)
-        model = workload.build_model()
+        model = workload.build_model().to(device)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        inputs, target = workload.batch(torch.device("cpu"), seed=0)
+        inputs, target = workload.batch(device, seed=0)
         dtype = _DTYPES.get(p)
-        scaler = torch.amp.GradScaler("cpu", enabled=p == "fp16")
+        scaler = torch.amp.GradScaler(device.type, enabled=p == "fp16")
 
         def step(model=model, opt=opt, inputs=inputs, target=target, dtype=dtype, scaler=scaler):
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                 loss = workload.loss_fn(model(*inputs), target)
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
 
-        step()  # warm-up
+        with _tf32(p, device):
+            step()  # warm-up
         steps[p] = step
     for order in (list(precisions), list(reversed(precisions))):
         for p in order:
-            m = benchmark.Timer(stmt="step()", globals={"step": steps[p]}, num_threads=torch.get_num_threads()
-                                ).blocked_autorange(min_run_time=min_run_time / 2)
+            with _tf32(p, device):
+                m = benchmark.Timer(stmt="step()", globals={"step": steps[p]}, num_threads=torch.get_num_threads()
+                                    ).blocked_autorange(min_run_time=min_run_time / 2)
             blocks[p].extend(m.times)
     out = {}
     for p, times in blocks.items():

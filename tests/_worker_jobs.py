@@ -35,6 +35,54 @@ def unpicklable():
 
 
 def pid_and_torch():
-    """Which process ran the job, and whether torch was already imported when it started."""
+    """Which job tree ran the job (its supervisor, the runner's parent), and whether torch was
+    already imported when it started."""
     import sys
-    return os.getpid(), "torch" in sys.modules
+    return os.getppid(), "torch" in sys.modules
+
+
+def leave_children(pid_file, then="return"):
+    """Start a forked child, a setsid() child and a double-forked daemon, all sleeping; write their
+    pids to `pid_file`; then return, hang, or die, as `then` says."""
+    import subprocess
+    import sys
+
+    pids = []
+    child = os.fork()
+    if child == 0:
+        time.sleep(600)
+        os._exit(0)
+    pids.append(child)
+    pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                 start_new_session=True).pid)
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the classic daemon: fork, setsid, fork again, the middle one exits
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            time.sleep(600)
+            os._exit(0)
+        os.write(w, str(grandchild).encode())
+        os._exit(0)
+    os.waitpid(middle, 0)
+    pids.append(int(os.read(r, 32)))
+    with open(pid_file, "w") as fh:
+        fh.write(" ".join(map(str, pids)))
+    if then == "hang":
+        time.sleep(600)
+    if then == "die":
+        os._exit(4)
+    return pids
+
+
+def environment():
+    """What a job sees of its environment: os.environ and the process's own initial block."""
+    with open("/proc/self/environ", "rb") as fh:
+        initial = fh.read().decode(errors="replace")
+    return dict(os.environ), initial
+
+
+def allocate(mb):
+    block = bytearray(int(mb) * 1024 * 1024)
+    return len(block)

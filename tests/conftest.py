@@ -20,19 +20,9 @@ def app_server():
 def overflow_spec(tmp_path):
     """tests/fixtures/check/overflow.yaml with the weights it names: layer 2 scaled by 1e5, so its
     outputs pass float16's 65504 (finite in float32 and bfloat16)."""
-    import shutil
-    from pathlib import Path
+    from tests.fixtures.check.planted import write_overflow_spec
 
-    import torch
-    from torch import nn
-
-    shutil.copy(Path(__file__).parent / "fixtures" / "check" / "overflow.yaml", tmp_path / "overflow.yaml")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    with torch.no_grad():
-        model[2].weight.mul_(1e5)
-        model[2].bias.mul_(1e5)
-    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    write_overflow_spec(tmp_path)
     return tmp_path / "overflow.yaml"
 
 

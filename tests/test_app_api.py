@@ -229,51 +229,5 @@ def test_trace_is_refused_readably_without_allow_exec(client, tmp_path):
     _app_error(client, "--allow-exec", script=handle_file(str(script)), api_name="/trace")
 
 
-# --- a server started as the operator would for trusted users -------------------------------
-
-@pytest.fixture(scope="module")
-def exec_client(tmp_path_factory):
-    from tests.test_app_harness import AppServer
-
-    server = AppServer("--allow-exec", "--job-timeout", "20")
-    try:
-        yield JsonClient(server.url, tmp_path_factory.mktemp("exec-downloads"))
-    finally:
-        server.close()
-
-
-def test_a_hanging_model_file_ends_at_the_job_timeout(exec_client, tmp_path):
-    from gradio_client import handle_file
-    from gradio_client.exceptions import AppError
-
-    model = tmp_path / "hangs.py"
-    model.write_text("import time\ndef build_model():\n    time.sleep(900)\n"
-                     "def make_batch(batch_size):\n    return None\n")
-    t0 = time.monotonic()
-    with pytest.raises(AppError) as info:
-        exec_client.predict(spec_file=handle_file(str(model)), device="cpu", checks="alignment", steps=2,
-                            api_name="/check")
-    assert time.monotonic() - t0 < 60
-    text = str(info.value)
-    assert "time limit of 20 s" in text and "/tmp" not in text and "_job" not in text and "Traceback" not in text
-
-
-def test_trace_endpoint_runs_or_says_why_not(exec_client, tmp_path):
-    """With the trace module (merged from its own branch) the script runs; without it, a sentence."""
-    import importlib.util
-
-    from gradio_client import handle_file
-    from gradio_client.exceptions import AppError
-
-    script = tmp_path / "train.py"
-    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-                      "for _ in range(3):\n    loss = m(torch.randn(8, 4)).pow(2).mean()\n"
-                      "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
-    if importlib.util.find_spec("troubleshooter.trace") is None:
-        with pytest.raises(AppError) as info:
-            exec_client.predict(script=handle_file(str(script)), args="", steps=3, device="cpu", api_name="/trace")
-        assert "not available" in str(info.value) and "Traceback" not in str(info.value)
-        return
-    result, _ = exec_client.predict(script=handle_file(str(script)), args="", steps=3, device="cpu",
-                                    api_name="/trace")
-    assert result["script"] == "train.py" and "findings" in result and "/tmp" not in json.dumps(result)
+# The operator's --allow-exec server (a hanging model file, trace, hostile callers) is driven by
+# tests/test_app_hostile.py, which starts the only one.

@@ -15,6 +15,13 @@ from troubleshooter.ui.server import SETTINGS
 MB = 1024 * 1024
 
 
+@pytest.fixture(autouse=True)
+def _uploads_live_under_pytest_tmp(tmp_path_factory, monkeypatch):
+    """Callbacks read only files in Gradio's upload folder; here that is pytest's temporary root,
+    so the files the tests write under tmp_path stand for uploads."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.getbasetemp()))
+
+
 # --- uploads ---------------------------------------------------------------------------
 
 def test_text_upload_roundtrip(tmp_path):
@@ -203,9 +210,8 @@ def test_model_picker_sources_and_refusals(tmp_path):
     SETTINGS.allow_exec = False
     with pytest.raises(UserError, match="--allow-exec"):
         specinput.source_from_inputs("Upload", "", "", "", str(py))
-    bad = specinput.source_from_inputs("YAML", "", "", "model:\n  layers: [\n", None)
-    with pytest.raises(SpecError, match="line"):
-        specinput.validate(bad)
+    with pytest.raises(SpecError, match="line"):  # read once, by the bounded loader, when the source is made
+        specinput.validate(specinput.source_from_inputs("YAML", "", "", "model:\n  layers: [\n", None))
 
 
 def test_job_options_are_validated_before_any_work():
@@ -374,13 +380,16 @@ def test_spec_weights_come_from_the_upload_beside_it(tmp_path):
             "weights: trained.pt\ninput: {shape: [4, 8]}\ntarget: {kind: classes, num_classes: 4}\n")
     good = tmp_path / "trained.pt"
     torch.save(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).state_dict(), good)
+    from troubleshooter.spec import load_workload
+
     source = specinput.source_from_inputs("YAML", "", "", text, None, str(good))
-    specinput.validate(source)  # loads the uploaded weights: no error
+    specinput.validate(source)  # the server's cheap check: nothing built
+    load_workload(source)  # what the job does: builds the model and loads the uploaded weights
     bad_dir = tmp_path / "bad"
     bad_dir.mkdir()
     torch.save(nn.Sequential(nn.Linear(8, 15)).state_dict(), bad_dir / "trained.pt")
     with pytest.raises(SpecError, match="trained.pt"):
-        specinput.validate(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
+        load_workload(specinput.source_from_inputs("YAML", "", "", text, None, str(bad_dir / "trained.pt")))
 
 
 def test_one_job_per_device(monkeypatch):
@@ -528,9 +537,25 @@ def test_trace_without_the_trace_module_is_a_sentence(tmp_path, monkeypatch):
         trace.run("print(1)\n", None)
 
 
-def test_an_api_file_must_be_an_upload():
-    with pytest.raises(UserError, match="not an uploaded file"):
-        common.upload_path({"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}})
+@pytest.mark.parametrize("given", [
+    "/etc/passwd", Path("/etc/passwd"), {"path": "/etc/passwd"},
+    {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, {"path": ["/etc/passwd"]},
+])
+def test_a_file_must_be_an_upload_in_every_form(given):
+    """A plain string, a dict or a FileData naming a server file: refused alike (raw HTTP callers
+    send any of these where an upload belongs)."""
+    with pytest.raises(UserError, match="not an uploaded file|must be sent as an upload"):
+        common.upload_path(given)
+
+
+def test_an_upload_folder_path_that_escapes_it_is_refused(tmp_path):
+    inside = tmp_path / "train.py"
+    inside.write_text("x = 1\n")
+    assert common.upload_path(str(inside)) == str(inside.resolve())
+    (tmp_path / "link.py").symlink_to("/etc/passwd")
+    for sneaky in (str(tmp_path / ".." / ".." / ".." / "etc" / "passwd"), str(tmp_path / "link.py")):
+        with pytest.raises(UserError, match="not an uploaded file"):
+            common.upload_path(sneaky)
 
 
 def test_page_text_has_no_command_line_only_advice():
@@ -569,3 +594,11 @@ def test_check_report_crosses_the_worker_typed_and_page_and_cli_say_the_same(cap
     for page_md in (align_md, nan_md, findings):  # same measurements (seed 0), same words
         assert render.markdown_to_text(page_md).strip() in text
     assert render.markdown_to_text(render.section_markdown(report, "skiprate")).strip() in text  # CLI keeps --only
+
+
+def test_the_gpu_answer_is_shown_as_typed_not_as_markup():
+    from troubleshooter.ui import questionnaire
+
+    for typed in ("[click](http://evil.example)", "<img src=x onerror=alert(1)>"):
+        md = questionnaire.decision_markdown(questionnaire.recommend({"gpu": typed}))
+        assert typed not in md and common.md_escape(typed) in md

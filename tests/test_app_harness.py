@@ -109,9 +109,14 @@ def test_exec_on_network_needs_auth():
 
 
 def test_bad_values_are_refused():
-    for argv in (["--port", "0"], ["--max-file-mb", "-1"], ["--job-timeout", "0"]):
+    for argv in (["--port", "0"], ["--max-file-mb", "-1"], ["--job-timeout", "0"], ["--job-memory-mb", "100"]):
         with pytest.raises(UserError):
             server.settings_from_args(argv, environ={})
+    assert server.settings_from_args(["--job-memory-mb", "4096"], environ={}).job_memory_mb == 4096
+    with pytest.raises(UserError, match="IPv6"):  # Gradio wrote http://::1:7860/ and died with a traceback
+        server.settings_from_args(["--host", "::1"], environ={})
+    with pytest.raises(UserError, match="too broad"):  # every file in the upload folder counts as an upload
+        server.settings_from_args([], environ={"GRADIO_TEMP_DIR": "/tmp"})
 
 
 def test_bad_arguments_exit_2_without_traceback():

@@ -213,3 +213,48 @@ def test_real_loss_scale_logs_from_public_threads():
                      for i in range(20))
     falling = [m for m in explain_log(apex).matches if m.id == "loss-scale-falling"]
     assert falling and falling[0].severity == "error" and "32768 -> 0.0625" in falling[0].title
+
+
+@pytest.mark.parametrize("name, amp_min, ctrl_min", [("explain_heldout_c.yaml", 40, 12),
+                                                    ("explain_heldout_d.yaml", 20, 8),
+                                                    ("explain_heldout_e.yaml", 6, 0)])
+def test_issue_26_sets_with_framework_messages_and_plain_language(name, amp_min, ctrl_min):
+    """Issue 26's sets, each scored before it was used (docs/explain.md): c (11/40 AMP, 5/12 controls
+    before), d (collected after c was used: 5/20, 8/8), e (after d: 5/6). Framework messages,
+    misspellings, plain-language reports, and unrelated fp32 cuBLAS failures and device mismatches
+    between two Half tensors that must be left alone."""
+    entries = _data(name)
+    assert all(e.get("source") for e in entries)
+    amp_right, amp_total, ctrl_right, ctrl_total = _held_out_score(entries)
+    print(f"{name}: AMP {amp_right}/{amp_total}, controls {ctrl_right}/{ctrl_total}")
+    assert amp_total >= amp_min and ctrl_total >= ctrl_min
+    assert amp_right >= 0.9 * amp_total and ctrl_right == ctrl_total
+
+
+def test_unrelated_fp32_and_device_errors_are_left_alone_but_half_ones_are_not():
+    fp32 = explain_log("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemmStridedBatched("
+                       " handle, opa, opb, m, n, k, &alpha, a, lda, stridea, b, ldb, strideb, &beta, c, ldc, stridec, "
+                       "num_batches)`")
+    assert fp32.verdict == "not an AMP problem" and fp32.rules == []
+    half = explain_log("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, "
+                       "opb, m, n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, "
+                       "CUDA_R_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`")
+    assert half.verdict == "amp" and "AMP207" in half.rules
+    devices = explain_log("RuntimeError: Input type (torch.HalfTensor) and weight type (torch.cuda.HalfTensor) "
+                          "should be the same")
+    assert devices.verdict == "not an AMP problem" and "HalfTensor" not in devices.matches[0].fix
+    dtypes = explain_log("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) "
+                         "should be the same")
+    assert [m.id for m in dtypes.matches] == ["input-weight-type"]
+
+
+def test_plain_language_needs_both_a_precision_word_and_a_symptom():
+    assert [m.symptom for m in explain_log("autocast returns nan loss").matches] == ["nan_loss"]
+    assert [m.symptom for m in explain_log("FP16 slower than FP32").matches] == ["slow"]
+    for text in ("the loss is slow to go down", "fp16 weights loaded", "half of the samples were dropped",
+                 "Mixed precision type: fp16", "step 10 | loss 2.31 | scale 65536"):
+        assert not [m for m in explain_log(text).matches if m.id.startswith("plain-")], text
+    # A line a specific pattern explains is not also reported by the plain-language fallback.
+    ids = [m.id for m in explain_log("fp16: Current loss scale already at minimum - cannot decrease scale anymore. "
+                                     "Exiting run. The loss is nan").matches]
+    assert "deepspeed-min-loss-scale" in ids and not any(i.startswith("plain-") for i in ids)

@@ -163,3 +163,16 @@ def test_missing_scheduler_state_has_its_own_rule(tmp_path):
     assert ("AMP211", "checkpoint-missing-scheduler-state") in found
     assert all(name != "checkpoint-missing-scaler-state" or rule == "AMP110" for rule, name in found)
     assert not any(rule == "AMP110" and "scheduler" in name for rule, name in found)
+
+
+def test_a_safetensors_header_that_lies_about_its_file_is_refused(tmp_path):
+    """A 10^10-element tensor in a file of a few dozen bytes was reported as real."""
+    header = json.dumps({"w": {"dtype": "F16", "shape": [100_000, 100_000], "data_offsets": [0, 32]}}).encode()
+    path = tmp_path / "lying.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(32))
+    with pytest.raises(UserError, match="does not describe this file"):
+        inspect_checkpoint(path)
+    outside = json.dumps({"w": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8_000_000]}}).encode()
+    path.write_bytes(len(outside).to_bytes(8, "little") + outside + bytes(8))
+    with pytest.raises(UserError, match="do not lie within"):
+        inspect_checkpoint(path)

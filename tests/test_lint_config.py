@@ -106,10 +106,18 @@ def test_bad_settings_are_one_clear_error(project, capsys, body, message):
     write_config(project, body)
     with pytest.raises(UserError, match=message):
         load_config(project / "pyproject.toml")
-    if message != "not valid TOML":  # a broken file is skipped by the search; named with --config it fails
-        assert main(["lint", "train.py"]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert main(["lint", "train.py"]) == 2  # found by the search too: a broken file naming our table is an error
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("body", ["tool = 5\n", "[tool\nbroken = \n"])
+def test_a_pyproject_that_is_not_ours_is_passed_over(project, capsys, body):
+    """`tool = 5` crashed lint (`in 5`); a broken pyproject.toml that never names our table is
+    someone else's to fix: linting goes on without settings."""
+    (project / "pyproject.toml").write_text(body)
+    assert find_pyproject(project) is None
+    assert main(["lint", "loss.py"]) == 1 and "AMP117" in capsys.readouterr().out
 
 
 def test_exclude_drops_findings_and_read_errors_of_matching_files(project, capsys):

@@ -177,3 +177,82 @@ def test_automagic_pip_line_in_a_cell_is_ipython(tmp_path):
                     {"cell_type": "code", "source": ["pip = 3\n", "?torch.amp\n"]}]}
     report = lint_paths([_write(tmp_path, "nb.ipynb", json.dumps(nb))])
     assert report.errors == []
+
+
+# --- hostile inputs: bounded reads, nesting, and parsing from several threads -----------------
+
+def test_devices_pipes_and_endless_stdin_are_refused_not_read_forever(tmp_path, monkeypatch):
+    import io
+    import os
+    import sys
+
+    fifo = tmp_path / "train.py"
+    os.mkfifo(fifo)  # no writer: opening it would block for ever
+    report = lint_paths([str(fifo), "/dev/zero"])
+    messages = [e.message for e in report.errors]
+    assert "named pipe" in messages[0] and "device" in messages[1] and report.exit_code == 2
+
+    class Endless(io.RawIOBase):  # `yes | lint -`
+        def readable(self):
+            return True
+
+        def readinto(self, buffer):
+            buffer[:] = b"y" * len(buffer)
+            return len(buffer)
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Endless())))
+    assert "up to 2 MB" in lint_paths(["-"]).errors[0].message
+
+
+def test_nesting_past_the_parsers_reach_is_a_reason_not_a_blank(tmp_path):
+    deep_notebook = _write(tmp_path, "deep.ipynb", '{"cells": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert "nests more than 64 levels" in lint_paths([deep_notebook]).errors[0].message
+    for source in ("x = " + "-" * 10_000 + "1\n", "x = a" + ".b" * 10_000 + "\n"):
+        errors = lint_text(source).errors
+        assert errors and "nests too deeply" in errors[0].message
+
+
+def test_parsing_from_many_threads_never_fails_valid_code():
+    """CPython 3.11 keeps the AST converter's recursion counter in interpreter-wide state: two
+    threads parsing at different stack depths while garbage collection runs Python code used to
+    fail with `SystemError: AST constructor recursion depth mismatch` (about one parse in six
+    here). The linter parses through one lock."""
+    import gc
+    import sys
+    import threading
+
+    from troubleshooter.lint.source import parse
+
+    source = "x = " + "+".join(["a"] * 300) + "\n" + "def f():\n    return [g(i) for i in range(3)]\n" * 100
+    failures = []
+
+    class Finalised:
+        def __del__(self):
+            sum(range(50))  # Python code run by the collector, in the middle of someone's parse
+
+    def at_depth(n):
+        if n:
+            return at_depth(n - 1)
+        for _ in range(25):
+            junk = [Finalised() for _ in range(50)]
+            for a, b in zip(junk, junk[1:]):
+                a.other, b.other = b, a
+            del junk
+            try:
+                parse(source)
+            except SystemError as exc:
+                failures.append(str(exc))
+
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(50, 5, 5)
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=at_depth, args=(d,)) for d in (5, 100, 200, 300)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+    assert failures == []

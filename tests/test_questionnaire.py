@@ -156,8 +156,8 @@ def test_ask_bad_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_ask_interactive(monkeypatch, capsys):
-    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "", "", "", "",
-                    "loss: nan", ""])
+    replies = iter(["V100", "cnn", "25", "nan_loss, banana", "nan_loss", "fp16", "y", "2", "n", "yes", "none", "", "",
+                    "", "", "", "", "", "loss: nan", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(replies))
     assert main(["ask", "--format", "json"]) == 0
     captured = capsys.readouterr()
@@ -201,7 +201,7 @@ GPU_NAMES = [
     ("sm_86", "Ampere", (8, 6), None, "bf16"),
     ("cc 7.5", "Turing", (7, 5), None, "fp16"),
     ("compute capability 9.0", "Hopper", (9, 0), None, "bf16"),
-    ("AMD Instinct MI250X", "CDNA2", None, 128, "bf16"),
+    ("AMD Instinct MI250X", "CDNA2", None, 64, "bf16"),  # each GCD: a 64 GB device (issue 26)
     ("AMD Instinct MI300X", "CDNA3", None, 192, "bf16"),
     ("MI100", "CDNA1", None, 32, "fp16"),
     ("AMD Radeon RX 7900 XTX", "RDNA3", None, 24, "bf16"),
@@ -288,3 +288,46 @@ def test_p100_gets_the_same_answer_from_ask_and_recipe_auto():
 def test_answer_aliases():
     d = q.decide({"gpu": "A100", "symptoms": ["nan_loss"], "nan_precision": "bf16"})
     assert any(r.answer == "current_precision" for r in d.reasons)
+
+
+# --- issue 26: answers that fit the GPU, the size and the task ------------------------------------
+
+@pytest.mark.parametrize("gpu", ["H100", "H200", "B200"])
+def test_fp8_is_offered_with_what_it_needs_on_fp8_gpus(gpu):
+    d = q.decide({"gpu": gpu, "model_family": "transformer", "params_millions": 7000})
+    assert d.precision == "bf16" and d.fp8 and d.fp8["big_enough"]
+    text = " ".join(d.fp8["advice"])
+    assert "torchao" in text and "Transformer Engine" in text and "divisible by 16" in text and "recipe" in text
+    assert "FP8 (optional" in d.to_text() and d.to_dict()["fp8"]["applies"] is True
+    for no_fp8 in ({"gpu": "A100"}, {"gpu": "H100", "training": "inference"}, {"gpu": "H100", "model_family": "cnn"}):
+        assert q.decide({"params_millions": 7000, **no_fp8}).fp8 is None, no_fp8
+
+
+def test_blackwell_needs_a_torch_build_with_its_kernels():
+    warned = [w for w in q.decide({"gpu": "RTX 5090"}).warnings if "sm_120" in w]
+    assert warned and "cu128" in warned[0] and "2.7" in warned[0]
+    assert not any("PyTorch build" in w for w in q.decide({"gpu": "RTX 4090"}).warnings)
+
+
+@pytest.mark.parametrize("answers", [{"gpu": "8x V100"}, {"gpu": "8x V100", "multi_gpu": "fsdp"},
+                                     {"gpu": "V100", "num_gpus": 8, "multi_gpu": "ddp"}])
+def test_13b_on_eight_v100s_is_warned_about_memory(answers):
+    d = q.decide({**answers, "params_millions": 13000})
+    memory = [w for w in d.warnings if "208 GB" in w]
+    assert memory and "26 GB per V100" in memory[0] and d.num_gpus == 8
+
+
+def test_the_recipe_does_what_the_task_reasons_say():
+    lora = q.decide({"gpu": "T4", "training": "lora", "params_millions": 7000})
+    assert lora.recipe_options["lora"] is True and "--lora" in lora.to_text()
+    weights = q.decide({"gpu": "V100", "fp16_weights": True})
+    assert weights.recipe_options["load_weights"] is True
+    inference = q.decide({"gpu": "A100", "training": "inference", "grad_clipping": True, "grad_accumulation": 4})
+    opts = inference.recipe_options
+    assert opts["task"] == "inference" and opts["clip"] is None and opts["accum"] == 1
+    assert "GradScaler(" not in render_recipe(**opts) and not any("training loop" in w for w in inference.warnings)
+
+
+def test_gpu_count_in_the_answer():
+    assert q.gpu_count("8x V100") == (8, "V100") and q.gpu_count("4 H100s") == (4, "H100")
+    assert q.gpu_count("A100 40GB") == (None, "A100 40GB") and q.gpu_count("16 GB T4") == (None, "16 GB T4")

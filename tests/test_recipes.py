@@ -25,7 +25,8 @@ def test_every_option_is_documented_and_reaches_the_template():
         assert opt["flag"].startswith("--") and opt["help"] and opt["adds"], opt
         used_as_block = re.search(rf"# \[option: (not )?{opt['name']}\b", raw)
         used_as_value = "config" in opt and re.search(rf"^{opt['config']} = ", raw, re.M)
-        assert used_as_block or used_as_value, f"{opt['name']} changes nothing in the template"
+        selects_template = opt["name"] == "task" and recipes._metadata()["task_templates"]
+        assert used_as_block or used_as_value or selects_template, f"{opt['name']} changes nothing in the template"
 
 
 def test_renderer_blocks_else_and_dormant_lines():
@@ -170,12 +171,28 @@ GAN_COMBOS = [dict(model="gan", precision=p, clip=c, checkpoint=k, nan_guard=g)
               for p in ("auto", "bf16", "fp16", "fp32") for c in (None, 1.0) for k in (False, True) for g in (False, True)]
 
 
-def test_gan_template_as_checked_in_is_its_as_written_variant():
-    raw = recipes._template_text("gan")
+@pytest.mark.parametrize("kind, key", [("model_templates", "gan"), ("task_templates", "inference")])
+def test_own_templates_as_checked_in_are_their_as_written_variants(kind, key):
+    raw = recipes._template_text(*(("gan", None) if key == "gan" else (None, key)))
     live = [ln for ln in raw.splitlines() if not recipes._MARKER.match(ln) and not recipes._DORMANT.match(ln)]
     expected = re.sub(r"\n{4,}", "\n\n\n", "\n".join(live).strip("\n") + "\n")
-    as_written = recipes._metadata()["model_templates"]["gan"]["as_written"]
+    as_written = recipes._metadata()[kind][key]["as_written"]
     assert recipes.render_recipe(**as_written) == expected
+
+
+def test_inference_variants_compile_lint_clean_and_refuse_training_options():
+    from troubleshooter import lint
+
+    for precision in ("auto", "bf16", "fp16", "fp32"):
+        for extra in ({}, {"compile": True, "load_weights": True}):
+            text = recipes.render_recipe(task="inference", precision=precision, **extra)
+            compile(text, "infer_amp.py", "exec")
+            code = text.split('"""', 2)[2]  # after the docstring
+            assert "GradScaler(" not in code and "optim." not in code and "inference_mode()" in code
+            report = lint.lint_text(text, path="infer_amp.py")
+            assert not [f for f in report.findings if getattr(f.severity, "value", f.severity) != "info"]
+    with pytest.raises(UserError, match="--clip is not available with --task inference"):
+        recipes.render_recipe(task="inference", clip=1.0)
 
 
 def test_every_gan_variant_compiles_lints_clean_and_uses_one_scaler():

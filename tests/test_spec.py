@@ -281,3 +281,40 @@ def test_boolean_layer_sizes_are_refused_but_boolean_flags_are_fine():
     wl = load_workload(SpecSource.yaml_text("model:\n  layers:\n    - Linear: {in_features: 4, out_features: 3, "
                                             "bias: false}\ninput: {shape: [2, 4]}\n"))
     assert wl.summary["params"] == 12
+
+
+# ---------------------------------------------------------------- the one bounded YAML loader (issue 22)
+def test_every_yaml_limit_is_applied_before_values_are_built(monkeypatch):
+    from troubleshooter import safeyaml
+    from troubleshooter.errors import UserError
+
+    with pytest.raises(UserError, match="nests more than 64"):
+        safeyaml.load("a: " + "[" * 5000 + "]" * 5000)
+    # aliases stacking shallow lists deep: 70 levels once expanded, each anchor 1 deep on the page
+    chain = "l0: &l0 [x]\n" + "".join(f"l{i}: &l{i} [*l{i - 1}]\n" for i in range(1, 70))
+    with pytest.raises(UserError, match="once its aliases are expanded"):
+        safeyaml.load(chain)
+    monkeypatch.setattr(safeyaml, "_BoundedLoader", None)  # a parse would fail loudly: it must not start
+    with pytest.raises(UserError, match="refused before reading it"):
+        safeyaml.load("# " + "x" * 4_000_000)
+    with pytest.raises(UserError, match="refused before reading it"):
+        safeyaml.load(b"x" * (safeyaml.MAX_BYTES + 1))
+
+
+def test_the_apps_weights_check_reads_the_spec_through_the_bounded_loader(tmp_path, monkeypatch):
+    """The app looked at `weights:` with yaml.safe_load before the spec's own guard ran, so a bomb
+    under weights: was expanded and quoted whole (a 7 MB message from 368 bytes)."""
+    from troubleshooter.ui import specinput
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    text = _bomb(9).replace("model: {layers: *a8}", "weights: *a8\nmodel: {layers: [ReLU]}")
+    with pytest.raises(SpecError) as info:
+        specinput.yaml_source(text)
+    assert "alias" in str(info.value) and len(str(info.value)) < 500
+
+
+def test_every_user_error_is_bounded():
+    from troubleshooter.errors import UserError
+
+    err = UserError("x" * 100_000, ["y" * 100_000] * 100)
+    assert len(str(err)) < 2500 + 41 * 500 and len(err.problems) == 41 and "more problems" in err.problems[-1]

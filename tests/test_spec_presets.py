@@ -91,3 +91,48 @@ def test_all_override_problems_together():
 def test_default_presets_fit_the_default_limits():
     for name in list_presets():
         assert load_workload(SpecSource.preset(name)).summary["estimated_training_bytes"] < 2 * 1024 ** 3
+
+
+@pytest.mark.parametrize("spec", [
+    "mlp", "mlp:depth=1", "mlp:depth=4,hidden=7", "cnn", "cnn:stages=1", "cnn:stages=4,blocks_per_stage=2,width=8",
+    "gpt", "gpt:n_layer=1,d_model=32,n_head=2", "bert:n_layer=2", "vit", "vit:n_layer=1,patch_size=8",
+])
+def test_a_presets_computed_size_is_what_building_gives(spec):
+    """Each preset's `size(cfg)` (parameters, modules) is what a refusal before building rests on."""
+    from troubleshooter.spec import estimate
+    from troubleshooter.spec.presets import get_preset, parse_preset_string, resolve_params
+
+    name, overrides = parse_preset_string(spec)
+    preset = get_preset(name)
+    cfg, problems = resolve_params(preset, overrides)
+    assert not problems
+    model = estimate.build_on_meta(lambda: preset.build(cfg))
+    assert preset.size(cfg) == (estimate.count_params(model), len(list(model.modules())))
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("gpt:n_layer=3000", "modules"), ("gpt:n_layer=1000000", "modules"),
+    ("gpt:d_model=1000000000", "parameters"), ("cnn:blocks_per_stage=100000000", "modules"),
+])
+def test_a_monster_preset_is_refused_before_anything_is_built(spec, says, monkeypatch):
+    """`d_model=1e9` used to crash on meta ("Storage size calculation overflowed") and
+    `n_layer=1e6` to build for minutes at gigabytes: both are refused from their computed size."""
+    from troubleshooter.spec import estimate, precheck
+
+    def never(*args, **kwargs):
+        raise AssertionError("built a model that its size alone refuses")
+
+    monkeypatch.setattr(estimate, "build_on_meta", never)
+    for check in (precheck, load_workload):
+        with pytest.raises(SpecError, match=says):
+            check(SpecSource.preset(spec))
+
+
+def test_precheck_builds_nothing_and_passes_a_good_spec(monkeypatch):
+    from troubleshooter.spec import estimate, precheck
+
+    monkeypatch.setattr(estimate, "build_on_meta", lambda *a: (_ for _ in ()).throw(AssertionError("built")))
+    precheck(SpecSource.preset(TINY["gpt"]))
+    precheck(SpecSource.yaml_text("model:\n  layers:\n    - Linear: [4, 8]\ninput: {shape: [2, 4]}\n"))
+    with pytest.raises(SpecError, match="unknown layer|Linearr"):
+        precheck(SpecSource.yaml_text("model:\n  layers:\n    - Linearr: [4, 8]\ninput: {shape: [2, 4]}\n"))

@@ -113,15 +113,16 @@ def test_step_timer_on_cuda_reads_events_only_after_a_synchronize(monkeypatch):
 
     from troubleshooter.engine import timing
 
-    log = []
+    log, streams = [], []
 
     class FakeEvent:
         def __init__(self, enable_timing=False):
             assert enable_timing
             self.t = None
 
-        def record(self):
+        def record(self, stream=None):
             log.append("record")
+            streams.append(stream)
             self.t = len(log)
 
         def elapsed_time(self, end):
@@ -129,6 +130,7 @@ def test_step_timer_on_cuda_reads_events_only_after_a_synchronize(monkeypatch):
             return float(end.t - self.t)
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
     monkeypatch.setattr(timing, "synchronize", lambda device: log.append("sync"))
     timer = timing.StepTimer(torch.device("cuda"))
     timer.time(lambda: log.append("step"))
@@ -136,6 +138,10 @@ def test_step_timer_on_cuda_reads_events_only_after_a_synchronize(monkeypatch):
     assert "sync" not in log  # no host round trip per step
     assert timer.collect() == [2.0, 2.0]
     assert log == ["record", "step", "record"] * 2 + ["sync"]
+    # the events go on the timed device's stream, not the current device's (cuda:0 by default)
+    streams.clear()
+    timing.StepTimer(torch.device("cuda:1")).time(lambda: None)
+    assert streams == ["stream of cuda:1"] * 2
 
 
 def test_describe_a_cuda_device_from_injected_facts(monkeypatch):

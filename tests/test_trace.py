@@ -197,3 +197,26 @@ def test_bad_input_raises_user_error(tmp_path):
         trace_script(ok, device="tpu")
     with pytest.raises(UserError, match="list of strings"):
         trace_script(ok, args="--lr 1")
+
+
+def test_nothing_the_script_starts_outlives_the_trace(tmp_path):
+    """A setsid() child and a double-forked daemon escape the script's process group; the trace
+    still stops them (they re-parent to it as a subreaper)."""
+    pid_file = tmp_path / "pids"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    daemon = os.fork()\n"
+        "    if daemon == 0:\n"
+        "        time.sleep(600)\n"
+        "    os.write(w, str(daemon).encode()); os._exit(0)\n"
+        "os.wait()\n"
+        f"open({str(pid_file)!r}, 'w').write(f'{{child.pid}} {{os.read(r, 32).decode()}}')\n")
+    r = trace_script(script, steps=1, timeout_s=60)
+    assert r["exit"]["status"] == "finished", r["exit"]
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2 and not [p for p in pids if os.path.exists(f"/proc/{p}")]

@@ -1,12 +1,10 @@
 """What the traced steps really computed in (`report["precision"]`, AMP292): from recorded raw
 data, and on nanoGPT's unmodified train.py, which turns its own AMP off on a CPU."""
-import pickle
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from tests.fixtures.trace.nanogpt_data import nanogpt_copy
 from troubleshooter.trace import trace_script
 from troubleshooter.trace.precision import in_effect, not_in_effect_findings
 from troubleshooter.trace.report import render_text
@@ -68,16 +66,7 @@ def test_no_amp_code_no_steps_or_half_weights_give_no_note():
 
 @pytest.fixture
 def nanogpt(tmp_path):
-    root = tmp_path / "nanogpt"
-    shutil.copytree(NANOGPT, root)
-    data = root / "data" / "shakespeare_char"
-    data.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    rng.integers(0, 65, 4000, dtype=np.uint16).tofile(data / "train.bin")
-    rng.integers(0, 65, 1000, dtype=np.uint16).tofile(data / "val.bin")
-    with open(data / "meta.pkl", "wb") as fh:
-        pickle.dump({"vocab_size": 65}, fh)
-    return root
+    return nanogpt_copy(tmp_path)
 
 
 def test_unmodified_nanogpt_on_a_cpu_says_no_mixed_precision_ran(nanogpt):

@@ -1,3 +1,4 @@
+import os
 import time
 
 import pytest
@@ -70,3 +71,53 @@ def test_warm_pool_runs_each_job_in_the_standby_spawned_ahead():
         assert pool.run("cpu", jobs.add, 2, b=3, timeout_s=60) == 5
     finally:
         pool.close()
+
+
+# --- nothing of a job outlives it; jobs see neither the server's secrets nor unbounded memory -----
+
+def _alive(pid: int) -> bool:
+    """A live process (a zombie awaiting its parent counts as alive: it is not gone yet)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.parametrize("then, match", [("return", None), ("hang", "time limit"), ("die", "status 4")])
+def test_no_process_a_job_started_outlives_it(tmp_path, then, match):
+    """A forked child, a setsid() child and a double-forked daemon: none is alive after the job,
+    whether it returned, hit its time limit or died."""
+    pid_file = tmp_path / "pids"
+    if match is None:
+        run_in_worker(jobs.leave_children, str(pid_file), then, timeout_s=60)
+    else:
+        with pytest.raises(WorkerError, match=match):
+            run_in_worker(jobs.leave_children, str(pid_file), then, timeout_s=3)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 3
+    assert [p for p in pids if _alive(p)] == []
+
+
+@pytest.fixture
+def job_limits(monkeypatch):
+    from troubleshooter import worker
+
+    monkeypatch.setattr(worker, "LIMITS", worker.JobLimits())
+    return worker.LIMITS
+
+
+def test_a_job_sees_a_minimal_environment(job_limits, monkeypatch):
+    monkeypatch.setenv("AMP_TROUBLESHOOTER_AUTH", "alice:hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-key")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    job_limits.clean_env = True
+    environ, initial = run_in_worker(jobs.environment, timeout_s=60)
+    assert "hunter2" not in initial and "s3cr3t" not in initial
+    assert "AMP_TROUBLESHOOTER_AUTH" not in environ and "AWS_SECRET_ACCESS_KEY" not in environ
+    assert environ["CUDA_VISIBLE_DEVICES"] == "0" and environ["PATH"] == os.environ["PATH"]
+    job_limits.clean_env = False  # the command line's own jobs keep the user's environment
+    assert run_in_worker(jobs.environment, timeout_s=60)[0]["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-key"
+
+
+def test_a_job_over_its_memory_limit_is_told_so(job_limits):
+    job_limits.memory_mb = 200
+    with pytest.raises(WorkerError, match="ran out of memory.*at most 200 MiB"):
+        run_in_worker(jobs.allocate, 400, timeout_s=60)
+    assert run_in_worker(jobs.allocate, 20, timeout_s=60) == 20 * 1024 * 1024

@@ -1,23 +1,29 @@
 """Paste an error or a log: recognise what PyTorch prints around AMP, and say cause and fix.
 
 Users arrive with a message, not a diagnosis. The messages live as data in
-`data/log_patterns.yaml` (regex -> cause, fix, rule id, implied symptom); two things need
-numbers rather than regexes and are read here: a loss scale that keeps falling, and a loss that
-does not go down. The symptoms found feed the questionnaire (`decide(answers | {"log": text})`).
-Pure Python: no torch.
+`data/log_patterns.yaml` (torch, generic) and `data/log_patterns_frameworks.yaml` (accelerate,
+Lightning, DeepSpeed, HF Trainer, FSDP, FP8 libraries): regex -> cause, fix, rule id, implied
+symptom. The fix depends on the situation the pasted text shows (LoRA, inference, a resumed run,
+the framework, frames inside a library with a known bug, the GPU named): `explain_context` reads
+it and a pattern's `contexts:` entries pick the fix for it. Two things need numbers rather than
+regexes and are read here: a loss scale that keeps falling, and a loss that does not go down. The
+symptoms found feed the questionnaire (`decide(answers | {"log": text})`). Pure Python: no torch.
 """
 from __future__ import annotations
 
 import bisect
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
 
 import yaml
 
+from . import explain_context
+
 MAX_CHARS = 5_000_000  # longer logs: the last 5 MB (where the error is) are read
+TAIL_CHARS = 200_000  # plain-language readings and the situation: the end of a long log
 
 
 @dataclass
@@ -33,6 +39,8 @@ class LogMatch:
     text: str  # that line, trimmed
     count: int = 1
     amp: bool = True  # False: recognised so as to say "not an AMP problem" (no rule, no symptom)
+    context: list[str] = field(default_factory=list)  # the situation read from the text that chose this fix
+    library_bug: dict | None = None  # {library, summary, url, fixed_in} when a known library bug causes it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,8 +80,9 @@ class ExplainReport:
         for m in self.matches:
             seen = f"line {m.line}" + (f", {m.count} times" if m.count > 1 else "")
             rule = f" · rule `{m.rule}`" if m.rule else ""
+            bug = (f"**Library bug.** {_bug_line(m.library_bug)}\n\n" if m.library_bug else "")
             out.append(f"### {m.title}\n*{m.severity}* · {seen}{rule}\n\n> `{m.text}`\n\n"
-                       f"**Cause.** {m.cause}\n\n**Fix.** {m.fix}\n")
+                       f"**Cause.** {m.cause}\n\n{bug}**Fix.** {m.fix}\n")
         if self.symptoms:
             out.append("Symptoms for the questionnaire: " + ", ".join(f"`{s}`" for s in self.symptoms))
         return "\n".join(out)
@@ -85,19 +94,41 @@ class ExplainReport:
         for m in self.matches:
             seen = f"line {m.line}" + (f", {m.count}x" if m.count > 1 else "")
             rule = f" [{m.rule}]" if m.rule else ""
-            out.append(f"{m.severity}: {m.title}{rule} ({seen})\n  {m.text}\n  cause: {m.cause}\n  fix:   {m.fix}")
+            bug = f"\n  bug:   {_bug_line(m.library_bug)}" if m.library_bug else ""
+            out.append(f"{m.severity}: {m.title}{rule} ({seen})\n  {m.text}\n  cause: {m.cause}{bug}\n  fix:   {m.fix}")
         if self.symptoms:
             out.append("symptoms: " + ", ".join(self.symptoms))
         return "\n\n".join(out)
 
 
+def _bug_line(bug: dict) -> str:
+    fixed = f" Fixed in {bug['fixed_in']}." if bug.get("fixed_in") else " No released fix known."
+    return f"{bug['summary']} ({bug['url']}).{fixed}"
+
+
+PATTERN_FILES = ("log_patterns.yaml", "log_patterns_frameworks.yaml")
+# `{AMP}` in a pattern's regex: a word that names mixed precision, in the ways people write it
+# ('mixed precision', 'mixed_precision', 'AMP', 'autocast', fp16/bf16/float16/bfloat16 also inside
+# identifiers such as train_fp16.sh or downcast_bf16, 'half()' / 'half precision', '16-bit', Lightning's
+# '16-mixed' / 'bf16-true', GradScaler, a loss scale).
+AMP_TERMS = (r"(?:mix(?:ed)?[-_ ]?precision|(?<![\w/\\.-])amp(?![\w/\\.-])|autocast|(?<![a-z0-9])(?:fp16|float16|bf16"
+             r"|bfloat16)(?![a-z0-9])|\bhalf(?:\(\)|[-_ ]precision)|16[- ]?bit(?= (?:precision|training|mixed|float))"
+             r"|\b(?:16|bf16|32|64)-(?:mixed|true)\b|gradscaler|loss[- ]scal\w*)")
+
+
 @lru_cache(maxsize=1)
 def patterns() -> list[dict]:
-    text = resources.files("troubleshooter.data").joinpath("log_patterns.yaml").read_text(encoding="utf-8")
-    entries = yaml.safe_load(text)["patterns"]
+    entries = []
+    for name in PATTERN_FILES:
+        text = resources.files("troubleshooter.data").joinpath(name).read_text(encoding="utf-8")
+        entries += yaml.safe_load(text)["patterns"]
     for e in entries:
         # One regex per entry, run over the whole text: a few C-level passes even for a 5 MB log.
-        e["_regex"] = re.compile("|".join(f"(?:{rx})" for rx in e["match"]), re.IGNORECASE | re.MULTILINE)
+        e["_regex"] = re.compile("|".join(f"(?:{rx})" for rx in e["match"]).replace("{AMP}", AMP_TERMS),
+                                 re.IGNORECASE | re.MULTILINE)
+        # `unless`: a hit whose line also matches one of these is not this message (an fp32 cuBLAS call).
+        e["_unless"] = (re.compile("|".join(f"(?:{rx})" for rx in e["unless"]), re.IGNORECASE)
+                        if e.get("unless") else None)
     return entries
 
 
@@ -189,27 +220,77 @@ def _loss_trend(text: str, starts: list[int]) -> LogMatch | None:
         None, "no_convergence", line, _line_text(text, starts, line), len(values))
 
 
+def _full_line(text: str, starts: list[int], line: int) -> str:
+    begin = starts[line - 1]
+    end = text.find("\n", begin)
+    return text[begin:end if end >= 0 else len(text)]
+
+
+def _situated(p: dict, groups: list, ctx: explain_context.Context, text: str) -> dict:
+    """The pattern's fields for the situation the text shows: a `contexts:` entry, a known library bug."""
+    fields = {k: p.get(k) for k in ("title", "severity", "cause", "fix", "rule", "symptom")}
+    fields["amp"] = p.get("amp", True)
+    chosen = explain_context.pick(p.get("contexts"), ctx, text)
+    if chosen:
+        fields.update({k: v for k, v in chosen.items() if k in fields})
+    bug = explain_context.library_bug(p["id"], text) if fields["amp"] else None
+    if bug:
+        fields["cause"] = bug["cause"]
+        fields["fix"] = bug["fix"]
+        fields["rule"] = None  # the user's code is not what a lint rule would flag
+    gpu = ctx.gpu_label or "this GPU"
+    for k in ("title", "cause", "fix"):
+        fields[k] = _fill(fields[k], groups).replace("{gpu}", gpu)
+    fields["context"] = sorted(set(chosen.get("when") or []) if chosen else set())
+    fields["library_bug"] = ({k: bug[k] for k in ("library", "summary", "url", "fixed_in")} if bug else None)
+    return fields
+
+
 def explain_log(text: str) -> ExplainReport:
-    """Every recognised message in `text`, in order of first appearance, with cause and fix."""
+    """Every recognised message in `text`, in order of first appearance, with the cause and the fix for
+    the situation the text shows (explain_context)."""
     truncated = len(text) > MAX_CHARS
     if truncated:
         text = text[-MAX_CHARS:]
     starts = [0] + [m.end() for m in re.finditer("\n", text)]  # offset of each line's first character
     lower = text.lower()
+    tail = lower[-TAIL_CHARS:]
     matches = []
+    ctx = None
     for p in patterns():
-        if not any(k in lower for k in p["keys"]):
+        # Plain-language readings are for what people write, not for 5 MB logs: the last 200 kB only.
+        plain = p["id"].startswith("plain-")
+        if not any(k in (tail if plain else lower) for k in p["keys"]):
             continue
-        found = list(p["_regex"].finditer(text))
+        found = list(p["_regex"].finditer(text, max(0, len(text) - TAIL_CHARS) if plain else 0))
+        if p["_unless"] is not None:
+            found = [m for m in found
+                     if not p["_unless"].search(_full_line(text, starts, bisect.bisect_right(starts, m.start())))]
         if not found:
             continue
+        ctx = ctx or explain_context.read_context(text)
         first = found[0]
         groups = [g for g in first.groups() if g is not None]
         line = bisect.bisect_right(starts, first.start())
         lines_hit = len({bisect.bisect_right(starts, m.start()) for m in found})
-        matches.append(LogMatch(p["id"], _fill(p["title"], groups), p["severity"], _fill(p["cause"], groups),
-                                _fill(p["fix"], groups), p.get("rule"), p.get("symptom"), line,
-                                _line_text(text, starts, line), lines_hit, p.get("amp", True)))
+        f = _situated(p, groups, ctx, text)
+        matches.append(LogMatch(p["id"], f["title"], f["severity"], f["cause"], f["fix"], f["rule"], f["symptom"],
+                                line, _line_text(text, starts, line), lines_hit, f["amp"], f["context"],
+                                f["library_bug"]))
     matches.sort(key=lambda m: m.line)
     matches += [m for m in (_scale_trend(text, starts), _loss_trend(text, starts)) if m]
-    return ExplainReport(matches, truncated)
+    return ExplainReport(_drop_shadowed(matches), truncated)
+
+
+def _drop_shadowed(matches: list[LogMatch]) -> list[LogMatch]:
+    """A line a specific pattern explained is not also reported by the plain-language fallbacks, and a
+    pattern's `shadows:` (a more general reading of the same message) go when it matched. When the only
+    AMP readings are plain-language fallbacks and a specific non-AMP error was recognised, that error
+    is the answer (a traceback through torch/amp is no AMP problem by itself)."""
+    specific = {m.line for m in matches if not m.id.startswith("plain-")}
+    by_id = {p["id"]: p for p in patterns()}
+    shadowed = {s for m in matches for s in (by_id.get(m.id, {}).get("shadows") or ())}
+    kept = [m for m in matches if not (m.id.startswith("plain-") and m.line in specific) and m.id not in shadowed]
+    if any(not m.amp for m in kept) and all(m.id.startswith("plain-") for m in kept if m.amp):
+        kept = [m for m in kept if not m.id.startswith("plain-")]
+    return kept

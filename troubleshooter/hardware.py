@@ -96,8 +96,11 @@ def architecture_for(cc) -> Architecture:
 
 
 def normalise_name(name: str) -> str:
-    """'NVIDIA_A100-SXM4-40GB' -> 'nvidia a100 sxm4 40gb': the form every name table matches."""
-    return " ".join(re.sub(r"[-_/,;]", " ", str(name).lower()).split())
+    """'NVIDIA_A100-SXM4-40GB' -> 'nvidia a100 sxm4 40gb': the form every name table matches
+    ('RTX 3090Ti' -> 'rtx 3090 ti': suffixes written without a space)."""
+    text = re.sub(r"[-_/,;]", " ", str(name).lower())
+    text = re.sub(r"(\d)(ti|super|laptop)\b", r"\1 \2", text)
+    return " ".join(text.split())
 
 
 def _word(pattern: str) -> re.Pattern:
@@ -148,6 +151,7 @@ class ResolvedGpu:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     model: GpuModel | None = None    # the gpus.yaml entry (peak TFLOP/s) when there is one
     memory_sizes_gb: tuple[float, ...] = ()  # a bare 'A100': the sizes it was sold with (memory_gb assumed)
+    supported: bool = True           # False: not a GPU this tool advises on (Gaudi, TPU, an NPU)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "vendor": self.vendor, "backend": self.backend, "architecture": self.arch,
@@ -155,14 +159,15 @@ class ResolvedGpu:
                 "bf16": self.bf16, "fp16_fast": self.fp16_fast, "tensor_cores": self.tensor_cores,
                 "tf32": self.tf32, "fp8": self.fp8, "memory_gb": self.memory_gb,
                 "memory_from_name": self.memory_from_name, "memory_sizes_gb": list(self.memory_sizes_gb),
-                "known": self.known, "note": self.note,
+                "known": self.known, "note": self.note, "supported": self.supported,
                 "warnings": list(self.warnings)}
 
 
 # Compute capabilities whose CUDA cores run fp16 at twice the fp32 rate without tensor cores
 # (P100, Jetson TX1/Nano, TX2); GeForce Pascal (6.1) runs it at 1/64.
 _FAST_FP16_WITHOUT_TENSOR_CORES = {(5, 3), (6, 0), (6, 2)}
-_CC_IN_TEXT = re.compile(r"(?:\bsm[ _]?(\d{1,2})(\d)\b|\b(?:cc|compute capability|capability)[ :=]*(\d{1,2})\.(\d)\b"
+# 'sm_86', 'sm_90a' / 'sm_100f' (architecture- and family-specific targets of the same capability), 'compute_90'.
+_CC_IN_TEXT = re.compile(r"(?:\b(?:sm|compute)[ _]?(\d{1,2})(\d)[af]?\b|\b(?:cc|compute capability|capability)[ :=]*(\d{1,2})\.(\d)\b"
                          r"|^\s*(\d{1,2})\.(\d)\s*$)", re.IGNORECASE)
 _MEMORY_IN_TEXT = re.compile(r"(?<![\w.])(\d{1,4}(?:\.\d+)?)\s*-?\s*(?:gb|gib|g)(?![a-z0-9])", re.IGNORECASE)
 _ROCM_GFX = re.compile(r"\bgfx\s*(\d{1,2})\.(\d)\b", re.IGNORECASE)
@@ -172,7 +177,7 @@ _ROCM_GFX = re.compile(r"\bgfx\s*(\d{1,2})\.(\d)\b", re.IGNORECASE)
 def _products() -> dict:
     text = resources.files("troubleshooter.data").joinpath("gpu_products.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
-    for group in ("nvidia", "other"):
+    for group in ("nvidia", "other", "accelerators"):
         for entry in data[group]:
             entry["_regex"] = re.compile(entry["match"])
     return data
@@ -224,15 +229,46 @@ def _vendor_hint(text: str) -> str:
     return "unknown"
 
 
+def _device_note(entry: dict, raw: str) -> tuple[str, ...]:
+    return (f"{raw}: {entry['device_note']}",) if entry.get("device_note") else ()
+
+
+# Words that name the kind of device, not a product: the answer cannot be known from them.
+_GENERIC = re.compile(r"^(?:an? )?(?:nvidia |amd )?(?:cuda|gpu|cuda gpu|nvidia gpu|nvidia|graphics card|rocm|cuda \d+)$")
+
+
+def _accelerator(raw: str, norm: str) -> ResolvedGpu | None:
+    """A device that is not a GPU (Gaudi, TPU, Trainium, an NPU): said so, never guessed as a GPU."""
+    entry = next((e for e in _products()["accelerators"] if e["_regex"].search(norm)), None)
+    if entry is None:
+        return None
+    return ResolvedGpu(raw, entry["vendor"], entry["backend"], entry["name"], None, False, False, False, False, False,
+                       None, False, True, entry["note"], (
+                           f"{raw!r} is a {entry['name']}, not a GPU: {entry['note']}. This tool's mixed-precision "
+                           "advice covers NVIDIA (CUDA), AMD (ROCm), Apple (MPS) and Intel (XPU) GPUs and CPUs",),
+                       supported=False)
+
+
 def resolve_gpu(text: str) -> ResolvedGpu:
     """Any GPU name, compute capability or detected-device string -> its mixed-precision facts.
 
     Order of evidence: a compute capability written in the text (what `gpu_answer_from_device`
     passes for a detected GPU) beats the product tables, which beat inference from the vendor.
-    A memory size in the text beats the product's usual size. Never raises for a non-empty text.
+    A memory size in the text beats the product's usual size. Accelerators that are not GPUs come
+    back with supported=False. Never raises for a non-empty text.
     """
     raw = str(text).strip()
     norm = normalise_name(raw)
+    other_accelerator = _accelerator(raw, norm)
+    if other_accelerator is not None:
+        return other_accelerator
+    if _GENERIC.match(norm.replace(":", " ").strip(" 0123456789") or norm):
+        return ResolvedGpu(raw or "GPU", "nvidia" if "amd" not in norm and "rocm" not in norm else "amd", "cuda", "",
+                           None, False, True, True, False, False, None, False, False, "", (
+                               f"{raw!r} names the kind of device, not the GPU model: assumed a CUDA GPU with fp16 "
+                               "tensor cores but no bf16 (every NVIDIA GPU since Volta runs that correctly). Give the "
+                               "model as `nvidia-smi --query-gpu=name,compute_cap --format=csv` prints it (or its "
+                               "compute capability, e.g. 'sm_86'), or answer 'detect' on that machine",))
     memory = memory_from_text(raw)
     from_name = memory is not None
     vendor = _vendor_hint(norm)
@@ -242,14 +278,16 @@ def resolve_gpu(text: str) -> ResolvedGpu:
         for entry in products["other"]:
             if entry["_regex"].search(norm):
                 return _other(entry["name"] if len(norm) < 4 else raw, entry["arch"],
-                              memory if from_name else entry.get("memory_gb"), from_name, known=True)
+                              memory if from_name else entry.get("memory_gb"), from_name, known=True,
+                              warnings=_device_note(entry, raw))
         if vendor == "amd" and gfx:
             major, minor = int(gfx.group(1)), int(gfx.group(2))
             arch = {(9, 5): "CDNA4", (9, 4): "CDNA3", (9, 0): "CDNA2", (11, 0): "RDNA3", (11, 5): "RDNA3",
                     (12, 0): "RDNA4", (10, 3): "RDNA2"}.get((major, minor))
             if arch:
                 return _other(raw, arch, memory, from_name, known=True)
-        guess = {"amd": "RDNA3", "apple": "Apple silicon", "intel": "Xe-HPG"}.get(vendor)
+        guess = {"amd": "CDNA3" if re.search(r"\binstinct\b|\bmi\d", norm) else "RDNA3", "apple": "Apple silicon",
+                 "intel": "Xe-HPG"}.get(vendor)
         if guess:
             return _other(raw, guess, memory, from_name, known=False, warnings=(
                 f"{raw!r} is not in our {vendor.upper() if vendor == 'amd' else vendor.title()} table: assumed a "
@@ -285,6 +323,7 @@ def resolve_gpu(text: str) -> ResolvedGpu:
                       memory if from_name else usual, from_name, known=True,
                       tensor_cores=product.get("tensor_cores"), warnings=size_warning, model=model)
         sizes = tuple(product.get("memory_variants_gb") or ())
+        gpu = replace(gpu, warnings=gpu.warnings + _device_note(product, raw))
         return gpu if from_name or len(sizes) < 2 else replace(gpu, memory_sizes_gb=sizes)
     if model is not None:
         return _nvidia(model.name, parse_cc(model.cc), memory if from_name else model.memory_gb, from_name,

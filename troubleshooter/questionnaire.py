@@ -8,12 +8,10 @@ through the capability check).
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -116,15 +114,22 @@ def validate_answers(answers: Any) -> dict:
 
 def load_answers(path: str) -> dict:
     """Read an answers file (.yaml/.yml or .json) into a dict; clear errors for unreadable input."""
+    from .bounded import read_bytes
+    from .safeyaml import MAX_BYTES, load as load_yaml  # bounded: size, depth and alias expansion
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read answers file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UserError(f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                        f"{str(exc).splitlines()[0]}") from None
+        data = read_bytes(path, MAX_BYTES, f"answers file {path}")  # no /dev/zero, no FIFO
+    except OSError as exc:
+        raise UserError(f"cannot read answers file {path}: {exc.strerror or exc}") from None
+    if str(path).endswith(".json"):
+        from .bounded import load_json
+
+        try:
+            data = load_json(data.decode("utf-8-sig"), str(path))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    else:
+        data = load_yaml(data, str(path))
     if data is None:
         raise UserError(f"{path} is empty: it needs at least `gpu:`")
     return data
@@ -160,6 +165,10 @@ class Decision:
     symptoms_from_log: list[str] = field(default_factory=list)
     device_facts: dict = field(default_factory=dict)  # what the GPU answer resolved to
     training: str = "train"  # train | finetune | lora | inference (the `training` answer)
+    num_gpus: int = 1
+    fp8: dict | None = None  # how FP8 applies on this GPU (torchao float8 / Transformer Engine), None where it does not
+    framework: str = "none"  # what the user trains with (the `framework` answer)
+    framework_settings: dict | None = None  # that framework's settings: {framework, format, file, text}
 
     def to_dict(self) -> dict:
         """The `ask --format json` object."""
@@ -173,6 +182,10 @@ class Decision:
             "symptoms_from_log": list(self.symptoms_from_log),
             "device_facts": dict(self.device_facts),
             "training": self.training,
+            "num_gpus": self.num_gpus,
+            "fp8": dict(self.fp8) if self.fp8 else None,
+            "framework": self.framework,
+            "framework_settings": dict(self.framework_settings) if self.framework_settings else None,
         }
 
     def to_text(self) -> str:
@@ -184,9 +197,15 @@ class Decision:
         lines += [f"  - {r.text}" for r in self.reasons]
         if self.warnings:
             lines += ["", "Watch out:"] + [f"  - {w}" for w in self.warnings]
+        if self.fp8:
+            lines += ["", "FP8 (optional, on top of bf16):"] + [f"  - {t}" for t in self.fp8["advice"]]
         from .recipes import recipe_command
 
         lines += ["", "Recipe: " + recipe_command(self.recipe_options)]
+        if self.framework_settings:
+            fs = self.framework_settings
+            lines += ["", f"{fs['framework']} settings ({fs['file']}):", ""]
+            lines += ["    " + ln if ln else "" for ln in fs["text"].rstrip("\n").splitlines()]
         return "\n".join(lines)
 
 
@@ -207,6 +226,7 @@ class _Device:
     backend_note: str = ""  # what autocast does on a non-NVIDIA backend
     warnings: tuple[str, ...] = ()
     memory_sizes_gb: tuple[float, ...] = ()  # a bare 'A100': the sizes it was sold with
+    fp8: bool = False  # FP8 tensor cores (Ada, Hopper, Blackwell; MI300)
 
 
 def find_gpu(name: str) -> hardware.GpuModel | None:
@@ -223,7 +243,7 @@ def find_gpu(name: str) -> hardware.GpuModel | None:
 def _resolved_device(gpu: hardware.ResolvedGpu, note: str = "") -> _Device:
     return _Device(gpu.name, gpu.backend if gpu.backend in ("mps", "xpu") else "cuda", gpu.bf16, gpu.fp16_fast,
                    gpu.tensor_cores, gpu.memory_gb, gpu.arch, note, gpu.vendor, gpu.tf32, gpu.cc, gpu.note,
-                   gpu.warnings, gpu.memory_sizes_gb)
+                   gpu.warnings, gpu.memory_sizes_gb, gpu.fp8)
 
 
 def gpu_answer_from_device(name: str, capability: tuple[int, int] | None, memory_gb: float | None,
@@ -257,7 +277,7 @@ def _detected_device() -> _Device:
         text = gpu_answer_from_device(report.name, hardware.parse_cc(cc) if cc else None, memory)
         dev = _resolved_device(hardware.resolve_gpu(text), note="detected")
         return _Device(report.name, "cuda", report.bf16_native, report.fp16_fast or dev.fp16_fast, dev.tensor_cores,
-                       dev.memory_gb, dev.arch, "detected", dev.vendor, dev.tf32, dev.cc)
+                       dev.memory_gb, dev.arch, "detected", dev.vendor, dev.tf32, dev.cc, fp8=dev.fp8)
     if report.kind == "mps":
         return _resolved_device(hardware.resolve_gpu("Apple MPS"), note="detected")
     return _Device(report.name or "CPU", "cpu", report.bf16_native, False, note="detected", vendor="cpu")
@@ -272,7 +292,24 @@ def resolve_device(gpu: str, cpu_bf16: bool | None = None) -> _Device:
         return _cpu_device(cpu_bf16)
     if not name:
         raise UserError("gpu: required (a GPU model such as V100, T4, A100, RTX 4090, H100; 'cpu'; or 'detect')")
-    return _resolved_device(hardware.resolve_gpu(name))
+    gpu = hardware.resolve_gpu(name)
+    if not gpu.supported:  # Gaudi, TPU, an NPU: say so rather than answer for a guessed GPU
+        raise UserError(f"gpu: {gpu.warnings[0]}")
+    return _resolved_device(gpu)
+
+
+_GPU_COUNT = re.compile(r"^\s*(\d{1,3})\s*(?:x|×|\*)\s*(.+)$|^\s*(\d{1,3})\s+(.+?)s?\s*$", re.IGNORECASE)
+
+
+def gpu_count(answer: str) -> tuple[int | None, str]:
+    """'8x V100' / '8 x A100 80GB' / '4 H100s' -> (8, 'V100'); a plain name -> (None, name)."""
+    m = _GPU_COUNT.match(str(answer))
+    if not m:
+        return None, str(answer)
+    count, name = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not re.search(r"[a-z]", name, re.IGNORECASE) or re.match(r"\s*(?:gb|gib|g)\b", name, re.IGNORECASE):
+        return None, str(answer)  # '8.6', '16 GB': not a count
+    return int(count), name.strip()
 
 
 TINY_MODEL_MILLIONS = 10  # below this a step is launch- and optimizer-bound: half precision buys nothing
@@ -384,17 +421,20 @@ def _task_reasons(task: str, precision: str, a: dict, dev: _Device, why, warn) -
     """What fine-tuning adapters, inference, or float16 weights on disk change about the advice."""
     dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}[precision]
     if task == "inference":
-        why("training", "inference: no gradients, so no loss scaling and no float32 master weights are needed; cast "
-            f"the model (model.to({dtype})) or run it under torch.autocast, with model.eval() and "
-            "torch.inference_mode()" if precision != "fp32" else
-            "inference in fp32: model.eval() and torch.inference_mode() are the speed-ups that remain")
-        warn("the generated script is a training loop; for inference keep only its model, device and precision setup")
+        why("training", "inference: no gradients, so no loss scaling and no float32 master weights are needed; the "
+            f"generated inference loop casts the model once (model.to({dtype})), runs it in eval mode under "
+            "torch.inference_mode(), and first compares a few batches with the float32 model (a model that "
+            "overflows float16 stops there)" if precision != "fp32" else
+            "inference in fp32: the generated loop runs model.eval() under torch.inference_mode(), the speed-ups "
+            "that remain")
     elif task == "lora":
         why("training", "adapters (LoRA): keep the frozen base weights in "
             + (f"{dtype} (or 8-bit/4-bit)" if precision != "fp32" else "float32 (or 8-bit/4-bit)")
             + " and the trainable adapter weights in float32"
             + (": GradScaler unscales only float32 gradients ('Attempting to unscale FP16 gradients.' otherwise)"
-               if precision == "fp16" else ": the optimizer updates them precisely"))
+               if precision == "fp16" else ": the optimizer updates them precisely")
+            + (". The recipe (--lora) does exactly this on its demo transformer" if a["model_family"] != "cnn" else
+               ". (The recipe's LoRA demo is a transformer: for a CNN, freeze the base and cast it yourself)"))
     if a.get("fp16_weights"):
         if task == "inference":
             why("fp16_weights", "weights stored in float16 can run as they are in fp16"
@@ -404,9 +444,10 @@ def _task_reasons(task: str, precision: str, a: dict, dev: _Device, why, warn) -
             why("fp16_weights", "weights stored in float16: the frozen base may stay float16; only the adapters must "
                                 "be float32")
         else:
-            why("fp16_weights", "weights stored in float16: call model.float() after loading, before building the "
-                                "optimizer: autocast computes in half precision, the optimizer must update float32 "
-                                "master weights (GradScaler refuses float16 gradients: AMP111)")
+            why("fp16_weights", "weights stored in float16: the recipe (--load-weights, --init-from PATH) loads them "
+                                "as float32 and calls model.float() before building the optimizer: autocast computes "
+                                "in half precision, the optimizer must update float32 master weights (GradScaler "
+                                "refuses float16 gradients: AMP111)")
 
 
 def decide(answers: dict, *, device: _Device | None = None) -> Decision:
@@ -422,7 +463,9 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
         if a["current_precision"] in (None, "unknown"):
             precision_from_log = _precision_in_log(a["log"])
             a["current_precision"] = precision_from_log or a["current_precision"]
-    dev = device or resolve_device(a["gpu"], a.get("cpu_bf16"))
+    counted, gpu_name = gpu_count(a["gpu"])
+    num_gpus = a.get("num_gpus") or counted or 1
+    dev = device or resolve_device(gpu_name, a.get("cpu_bf16"))
     reasons: list[Reason] = []
     warnings: list[str] = list(dev.warnings)
 
@@ -444,6 +487,12 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
                    "torch.backends.cudnn.allow_tf32 = True): float32 matmuls run on the tensor cores")
     if precision == "fp32" and dev.tf32:
         opts["tf32"] = True
+
+    if task == "lora" and a["model_family"] != "cnn" and a["multi_gpu"] != "fsdp":
+        opts["lora"] = True
+    if a.get("fp16_weights") and task in ("train", "finetune", "inference"):
+        opts["load_weights"] = True
+    _build_warning(dev, warnings.append)
 
     symptoms = a["symptoms"]
     if symptoms_from_log:
@@ -539,7 +588,7 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
             text += ("; with several GPUs, FSDP (multi_gpu: fsdp) also shards weights, gradients and optimizer "
                      "state, which DDP copies to every GPU")
         warnings.append(text)
-    need_gb = None
+    need_gb, shard = None, False
     if a["params_millions"] and dev.memory_gb and task in ("inference", "lora"):
         per_param = 4 if precision == "fp32" else 2
         need_gb = a["params_millions"] * 1e6 * per_param / 1e9
@@ -556,8 +605,21 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
             single = ("fine-tune with LoRA/adapters (only they get gradients and optimizer state), use an 8-bit "
                       "optimizer (bitsandbytes AdamW8bit: 2 bytes of state per parameter instead of 8), and "
                       "activation checkpointing for the activations")
-            if a["multi_gpu"] == "fsdp":
-                why("params_millions", text + ": FSDP shards them across the GPUs")
+            shard = True
+            per_gpu = need_gb / num_gpus
+            if a["multi_gpu"] == "fsdp" and num_gpus > 1 and per_gpu > 0.8 * dev.memory_gb:
+                warnings.append(text + f": FSDP over {num_gpus} GPUs still leaves ~{per_gpu:.0f} GB per {dev.name} "
+                                f"before any activation, more than fits: {_memory_way_out(a, num_gpus)}")
+            elif a["multi_gpu"] == "fsdp":
+                why("params_millions", text + (f": FSDP shards them, ~{per_gpu:.0f} GB per GPU over {num_gpus}"
+                                                if num_gpus > 1 else ": FSDP shards them across the GPUs"))
+            elif num_gpus > 1 and per_gpu > 0.8 * dev.memory_gb:
+                warnings.append(text + f"; even sharded over your {num_gpus} GPUs that is ~{per_gpu:.0f} GB per "
+                                f"{dev.name} before any activation: {_memory_way_out(a, num_gpus)}")
+            elif num_gpus > 1 and a["multi_gpu"] != "fsdp":
+                warnings.append(text + f": {'DDP keeps a full copy on every GPU; ' if a['multi_gpu'] == 'ddp' else ''}"
+                                f"shard them over your {num_gpus} GPUs with FSDP (multi_gpu: fsdp; ~{per_gpu:.0f} GB "
+                                "per GPU)")
             elif a["multi_gpu"] == "ddp":
                 warnings.append(text + ": DDP keeps a full copy on every GPU; shard them with FSDP (multi_gpu: fsdp), "
                                        "or " + single)
@@ -574,11 +636,66 @@ def decide(answers: dict, *, device: _Device | None = None) -> Decision:
     if precision == "fp32" and a["bitexact_fp16"]:
         warnings.append("an fp16 result cannot be reproduced bit for bit in fp32")
 
+    fp8 = _fp8_advice(dev, a, precision, task)
+    if task == "inference":  # its own template: only what inference takes
+        opts = {k: v for k, v in opts.items() if k in ("precision", "compile", "load_weights", "log_every")}
+        opts.update(task="inference", load_weights=True)
+    from . import framework_settings
     from .recipes import normalize_options  # validates the combination (e.g. compile + fsdp)
 
     opts = normalize_options(**opts)
+    settings = framework_settings.settings(a.get("framework") or "none", opts, task=task, num_gpus=num_gpus,
+                                           tf32=dev.tf32 and precision == "fp32" or dev.tf32, shard=shard)
     device_label = dev.name + (f" ({dev.note})" if dev.note else "")
     facts = {"name": dev.name, "kind": dev.kind, "vendor": dev.vendor, "architecture": dev.arch,
              "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev.cc else None, "memory_gb": dev.memory_gb,
              "bf16": dev.bf16, "fp16_fast": dev.fp16_fast, "tensor_cores": dev.tensor_cores, "tf32": dev.tf32}
-    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts, task)
+    return Decision(precision, opts, reasons, warnings, device_label, symptoms_from_log, facts, task, num_gpus, fp8,
+                    a.get("framework") or "none", settings)
+
+
+def _memory_way_out(a: dict, num_gpus: int) -> str:
+    return ("train adapters (LoRA: only they get gradients and optimizer state), an 8-bit optimizer (bitsandbytes "
+            "AdamW8bit), CPU offload of the optimizer state (FSDP CPUOffload / DeepSpeed ZeRO-3 offload_optimizer), "
+            "activation checkpointing, or more GPUs")
+
+
+def _build_warning(dev: _Device, warn) -> None:
+    """Blackwell GPUs need a PyTorch built for them: older wheels have no kernels for sm_100/sm_120."""
+    if dev.kind != "cuda" or dev.vendor != "nvidia" or not dev.cc or dev.cc < (10, 0):
+        return
+    arch = f"sm_{dev.cc[0]}{dev.cc[1]}"
+    if dev.cc[0] == 11:
+        warn(f"the {dev.name} ({arch}) needs a PyTorch built with CUDA 13 (where Thor is sm_110; CUDA 12.8/12.9 "
+             "call it sm_101): check `torch.cuda.get_arch_list()`")
+        return
+    warn(f"the {dev.name} ({arch}) needs a PyTorch build with {arch} kernels: PyTorch 2.7 or newer built with CUDA "
+         "12.8 or newer (pip install torch --index-url https://download.pytorch.org/whl/cu128). Older wheels stop with "
+         f"'... with CUDA capability {arch} is not compatible with the current PyTorch installation' / 'no kernel "
+         "image is available'; `torch.cuda.get_arch_list()` must list it")
+
+
+def _fp8_advice(dev: _Device, a: dict, precision: str, task: str) -> dict | None:
+    """FP8 on GPUs with FP8 tensor cores (Ada, Hopper, Blackwell): what applies and what it needs."""
+    if not dev.fp8 or dev.vendor != "nvidia" or precision != "bf16" or task not in ("train", "finetune"):
+        return None
+    if a["model_family"] not in ("transformer", "mlp", "other") or _tiny_model(a):
+        return None
+    big = a["params_millions"] is None or a["params_millions"] >= 1000
+    advice = [
+        f"the {dev.name} has FP8 tensor cores (twice its bf16 matmul rate): for a large transformer the Linear "
+        "layers can run in FP8 while everything else stays bf16"
+        + ("" if big else "; at your size the matmuls are small, so expect little or no gain: measure first"),
+        "torchao float8 training: `from torchao.float8 import convert_to_float8_training, Float8LinearConfig`; "
+        "`convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name('rowwise'))` "
+        "('tensorwise' is the faster, coarser recipe), then torch.compile(model); with accelerate: "
+        "Accelerator(mixed_precision='fp8', kwargs_handlers=[AORecipeKwargs()])",
+        "or NVIDIA Transformer Engine: te.Linear layers under `te.fp8_autocast(enabled=True, "
+        "fp8_recipe=DelayedScaling(fp8_format=Format.HYBRID))` (E4M3 forward, E5M2 gradients)",
+        "needs: Linear in_features and out_features divisible by 16 (others stay bf16; accelerate's filter skips "
+        "them), the token count a multiple of 16 (or pad_inner_dim), and the first and last Linear kept in bf16 "
+        "(accelerate's default, for stable convergence); compare the loss curve with the bf16 run",
+    ]
+    return {"applies": True, "big_enough": big, "libraries": ["torchao.float8", "transformer_engine"],
+            "requires": ["compute capability >= 8.9", "Linear dims divisible by 16", "torch.compile (torchao)"],
+            "advice": advice}

@@ -37,11 +37,22 @@ def _metadata() -> dict:
     return yaml.safe_load((RECIPES_DIR / "options.yaml").read_text(encoding="utf-8"))
 
 
+def _special(model: str | None = None, task: str | None = None) -> tuple[str, dict] | None:
+    """(the selecting option, its template entry) when a task (inference) or a model (gan) has its own
+    template (task_templates / model_templates in options.yaml); None for the main template."""
+    meta = _metadata()
+    if task in meta.get("task_templates", {}):
+        return "task", meta["task_templates"][task]
+    if model in meta.get("model_templates", {}):
+        return "model", meta["model_templates"][model]
+    return None
+
+
 @lru_cache(maxsize=None)
-def _template_text(model: str | None = None) -> str:
-    """The template for `model`: the main one, or a model's own (model_templates in options.yaml)."""
-    special = _metadata().get("model_templates", {}).get(model)
-    return (RECIPES_DIR / (special["template"] if special else _metadata()["template"])).read_text(encoding="utf-8")
+def _template_text(model: str | None = None, task: str | None = None) -> str:
+    """The template for these options: the main one, or a task's or a model's own."""
+    special = _special(model, task)
+    return (RECIPES_DIR / (special[1]["template"] if special else _metadata()["template"])).read_text(encoding="utf-8")
 
 
 def recipe_options() -> list[dict]:
@@ -106,12 +117,13 @@ def normalize_options(**options) -> dict:
     for rule in meta["constraints"]:  # combinations too, alongside bad values: every problem at once
         if all(result.get(k) == v for k, v in rule["when"].items()):
             problems.append(rule["message"])
-    special = meta.get("model_templates", {}).get(result.get("model"))
+    special = _special(result.get("model"), result.get("task"))
     if special:
+        selector, spec = special
         for name, opt in known.items():
-            if name not in special["options"] and result[name] != opt["default"] and name in given:
-                problems.append(f"{opt['flag']} is not available with --model {result['model']} (it takes "
-                                f"{', '.join(known[n]['flag'] for n in special['options'] if n != 'model')})")
+            if name not in spec["options"] and result[name] != opt["default"] and name in given:
+                problems.append(f"{opt['flag']} is not available with --{selector} {result[selector]} (it takes "
+                                f"{', '.join(known[n]['flag'] for n in spec['options'] if n != selector)})")
     if problems:
         raise UserError("cannot build this recipe:", problems)
     return result
@@ -199,7 +211,7 @@ def recipe_command(options: dict) -> str:
 def render_recipe(**options) -> str:
     """The training script for these options (defaults for those left out); UserError on bad ones."""
     opts = normalize_options(**options)
-    text = render_template(_template_text(opts["model"]), _context(opts))
+    text = render_template(_template_text(opts["model"], opts["task"]), _context(opts))
     for opt in _metadata()["options"]:
         if "config" in opt:
             text = _set_config(text, opt["config"], opts[opt["name"]])

@@ -1,24 +1,63 @@
-"""Run a job in a child process so a crash, hang or out-of-memory cannot take the caller down.
+"""Run a job in a child process so a crash, hang or out-of-memory cannot take the caller down,
+and so that nothing the job starts outlives it.
 
 The app runs every GPU-bound probe through here, and an opted-in user Python file is only ever
-imported inside such a child. The child is started with `spawn` (a clean interpreter: no CUDA
-state inherited from the parent, which `fork` would corrupt) and killed at the time limit.
+imported inside such a child. Each job gets a process tree of its own:
 
-Starting a child and importing PyTorch costs seconds, so the app keeps one *standby* child
-per device (`run_in_warm_worker`): spawned ahead, PyTorch already imported, it runs exactly
-one job and is then replaced. Every job still gets a process of its own.
+    caller ── supervisor (new session, child subreaper) ── runner (runs the job) ── whatever it starts
+
+The supervisor is a fresh interpreter (started with `subprocess`, not `fork`: no CUDA state or
+threads inherited), in a session of its own; it forks the runner and then only reaps. Because it
+is a child subreaper, a process the job starts stays below it even after `setsid()` or a double
+fork. When the job answers, times out or dies, the caller kills the supervisor's whole tree
+(`proctree.kill_tree`), so no child of a job is alive after it.
+
+`LIMITS` (set by the app from `--job-memory-mb`) caps each runner's memory with RLIMIT_DATA
+(inherited by what it starts) and gives jobs a minimal environment (`job_environment`) instead of
+the server's, which may hold the login password and cloud keys.
+
+Starting a child and importing PyTorch costs seconds, so the app keeps one *standby* per device
+(`run_in_warm_worker`): started ahead, PyTorch already imported, it runs exactly one job and is
+then replaced. Every job still gets a process tree of its own.
 """
 from __future__ import annotations
 
-import multiprocessing
+import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Callable
 
+from . import proctree
 from .errors import UserError
 
 # Modules a standby child imports while it waits (the slow part of starting a job).
 PRELOAD = ("torch",)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding troubleshooter/
+
+# What a job's environment keeps of the server's: what PyTorch, CUDA and the BLAS libraries read,
+# locale and paths. Everything else (passwords, tokens, cloud keys) stays in the server.
+ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+                       "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CC", "CXX"})
+ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUDNN_", "NCCL_", "CUBLAS_", "CUBLASLT_", "TORCH_", "PYTORCH_",
+                "TORCHINDUCTOR_", "TRITON_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "HIP_", "ROCR_",
+                "ROCM_", "HSA_", "TROUBLESHOOTER_")
+
+
+@dataclass
+class JobLimits:
+    """What every job process gets; the app sets these from its options (`ui.server.apply`)."""
+
+    memory_mb: float | None = None  # RLIMIT_DATA of the runner (and what it starts); None: no limit
+    clean_env: bool = False  # True: the job sees only `job_environment()`, not the caller's environment
+
+
+LIMITS = JobLimits()
 
 
 class WorkerError(UserError):
@@ -26,23 +65,61 @@ class WorkerError(UserError):
     so it names neither server paths nor internal function names."""
 
 
-def _child_main(conn, func: Callable, args: tuple, kwargs: dict) -> None:
-    try:
-        result = func(*args, **kwargs)
-    except UserError as exc:  # a user's mistake found in the child: re-raised as-is in the parent
-        _send(conn, ("user_error", exc))
-        return
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a message
-        _send(conn, ("error", f"{type(exc).__name__}: {exc}"))
-        return
-    _send(conn, ("ok", result))
+def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of `environ` (default: this process's) a job may see: ENV_NAMES and those
+    starting with ENV_PREFIXES."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
 
 
-def _standby_main(conn, preload: tuple[str, ...]) -> None:
-    """A warm child: import the heavy modules, then wait for one job and run it."""
+# ---------------------------------------------------------------- the child side
+
+
+def _child_entry() -> None:
+    """`python -c ...` entry of a worker: become the supervisor, fork the runner."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    proctree.become_subreaper()
+    runner = os.fork()
+    if runner == 0:
+        _runner_main(Connection(sock.detach()))
+        os._exit(0)
+    sock.close()  # only the runner talks to the caller: its death must read as end-of-file there
+    _supervise(runner)
+
+
+def _supervise(runner: int) -> None:
+    """Reap every process that ends up below us; when the runner ends, stop what it left behind
+    and exit as it did (the caller reads the runner's exit status as ours)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+        if pid != runner:
+            continue  # an orphan of the job, re-parented to us and now reaped
+        proctree.kill_tree(os.getpid(), include_root=False)
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _runner_main(conn: Connection) -> None:
+    """Take the caller's set-up (sys.path, modules to preload), then one job; answer, then wait
+    to be stopped with the rest of the tree."""
     import importlib
 
-    for name in preload:
+    try:
+        setup = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = list(setup["sys_path"]) + [p for p in sys.path if p not in setup["sys_path"]]
+    for name in setup["preload"]:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -50,146 +127,207 @@ def _standby_main(conn, preload: tuple[str, ...]) -> None:
     try:
         job = conn.recv()
     except (EOFError, OSError):
-        return  # the parent went away or retired this standby
-    if job is None:
+        return  # the caller went away or retired this standby
+    except Exception as exc:  # noqa: BLE001 - the job's function could not be unpickled here
+        _send(conn, ("error", f"the job could not be started ({type(exc).__name__}: {exc})"))
+        job = None
+    if job is not None:
+        func, args, kwargs, memory_mb = job
+        _limit_memory(memory_mb)
+        _send(conn, _run(func, args, kwargs, memory_mb))
+    try:
+        conn.recv()  # the caller stops the whole tree once it has the answer
+    except (EOFError, OSError):
+        pass
+
+
+def _limit_memory(memory_mb: float | None) -> None:
+    """RLIMIT_DATA: heap and private writable mappings (what tensors on the CPU use). Unlike
+    RLIMIT_AS it does not count the address space CUDA reserves without using it."""
+    if not memory_mb:
         return
-    func, args, kwargs = job
-    _child_main(conn, func, args, kwargs)
+    import resource
+
+    limit = int(memory_mb * 1024 * 1024)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
-def _send(conn, message) -> None:
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "std::bad_alloc" in text
+
+
+def _run(func: Callable, args: tuple, kwargs: dict, memory_mb: float | None) -> tuple:
+    try:
+        return ("ok", func(*args, **kwargs))
+    except UserError as exc:  # a user's mistake found in the child: re-raised as-is in the parent
+        return ("user_error", exc)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a message
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return ("memory" if memory_mb and _is_out_of_memory(exc) else "error", text)
+
+
+def _send(conn: Connection, message) -> None:
     try:
         conn.send(message)
-    except Exception as exc:  # e.g. an unpicklable result
-        conn.send(("error", f"the job's result could not be sent back ({type(exc).__name__}: {exc})"))
-    finally:
-        conn.close()
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "did not exit"
-    if exitcode < 0:
+    except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
         try:
-            name = signal.Signals(-exitcode).name
+            conn.send(("error", f"the job's result could not be sent back ({type(exc).__name__}: {exc})"))
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- the caller side
+
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+         "from troubleshooter.worker import _child_entry; _child_entry()")
+
+
+class _Worker:
+    """One job process tree (supervisor and runner) and our end of the runner's socket."""
+
+    def __init__(self, preload: tuple[str, ...]):
+        proctree.become_subreaper()  # killed jobs' orphans come to us, to be reaped
+        ours, theirs = socket.socketpair()
+        env = job_environment() if LIMITS.clean_env else None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
+                 _BOOT.format(root=_PACKAGE_ROOT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send({"sys_path": list(sys.path), "preload": tuple(preload)})
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def usable(self) -> bool:
+        return self.proc.poll() is None and not self.conn.closed
+
+    def stop(self) -> None:
+        """Kill the whole tree: supervisor, runner and everything the job started."""
+        proctree.kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.conn.close()
+
+    def run(self, func: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Any:
+        try:
+            self.conn.send((func, args, kwargs, LIMITS.memory_mb))
+        except Exception as exc:  # noqa: BLE001 - an unpicklable argument, or a dead worker
+            self.stop()
+            if isinstance(exc, (OSError, EOFError)):
+                raise
+            raise WorkerError(f"the job could not be sent to its process ({type(exc).__name__}: {exc})") from None
+        return _await(self, timeout_s)
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "did not exit"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
         except ValueError:
-            name = f"signal {-exitcode}"
-        hint = " (most likely out of memory)" if name == "SIGKILL" else ""
+            name = f"signal {-returncode}"
+        if LIMITS.memory_mb:
+            hint = f" (most likely over its memory limit of {LIMITS.memory_mb:g} MiB)" \
+                if name in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS") else ""
+        else:
+            hint = " (most likely out of memory)" if name == "SIGKILL" else ""
         return f"was killed by {name}{hint}"
-    return f"exited with status {exitcode} without a result"
+    return f"exited with status {returncode} without a result"
 
 
-def _await(proc, receiver, timeout_s: float) -> Any:
-    """Wait for the child's answer; kill it on time-out; return the payload or raise."""
-    answered = False
+def _memory_message(detail: str) -> str:
+    return (f"the job ran out of memory: this server lets a job use at most {LIMITS.memory_mb:g} MiB "
+            f"({detail.splitlines()[0][:200] if detail else 'MemoryError'}); try a smaller model or batch")
+
+
+def _await(worker: _Worker, timeout_s: float) -> Any:
+    """Wait for the job's answer; whatever happens, stop its whole tree; return or raise."""
     try:
-        if not receiver.poll(timeout_s):
+        if not worker.conn.poll(timeout_s):
             raise WorkerError(f"the job took longer than its time limit of {timeout_s:g} s and was stopped")
         try:
-            status, payload = receiver.recv()
-            answered = True
-        except EOFError:
-            proc.join(5)
-            raise WorkerError(f"the job's process {_describe_exit(proc.exitcode)}") from None
+            status, payload = worker.conn.recv()
+        except (EOFError, OSError):
+            try:
+                worker.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            raise WorkerError(f"the job's process {_describe_exit(worker.proc.returncode)}") from None
     finally:
-        receiver.close()
-        if answered:
-            proc.join(5)  # let a finished child exit cleanly (flush, free GPU memory)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        worker.stop()
     if status == "ok":
         return payload
     if status == "user_error":
         raise payload
+    if status == "memory":
+        raise WorkerError(_memory_message(payload))
     raise WorkerError(f"the job failed: {payload}")
 
 
 def run_in_worker(func: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-    """Call module-level `func(*args, **kwargs)` in a freshly spawned child; return its result.
+    """Call module-level `func(*args, **kwargs)` in a fresh child process tree; return its result.
 
     Raises the child's own `UserError` unchanged, and `WorkerError` on a time-out, a crash or
     any other exception (type and message, no traceback).
     """
     if timeout_s <= 0:
         raise ValueError("timeout_s must be positive")
-    ctx = multiprocessing.get_context("spawn")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(sender, func, args, kwargs), daemon=True)
-    proc.start()
-    sender.close()  # only the child writes; our copy must close so a dead child reads as EOF
-    return _await(proc, receiver, timeout_s)
-
-
-class _Standby:
-    """One spawned child waiting for a job, and our end of its pipe."""
-
-    def __init__(self, preload: tuple[str, ...]):
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_standby_main, args=(child_conn, preload), daemon=True)
-        self.proc.start()
-        child_conn.close()
-
-    def usable(self) -> bool:
-        return self.proc.is_alive() and not self.conn.closed
-
-    def retire(self) -> None:
-        try:
-            self.conn.send(None)
-            self.conn.close()
-        except OSError:
-            pass
-        self.proc.join(2)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+    return _Worker(()).run(func, args, kwargs, timeout_s)
 
 
 class WarmPool:
-    """At most one standby child per key (a device); taken by a job, replaced right after it."""
+    """At most one standby per key (a device); taken by a job, replaced right after it."""
 
     def __init__(self, preload: tuple[str, ...] = PRELOAD):
         self.preload = preload
-        self._standby: dict[str, _Standby] = {}
+        self._standby: dict[str, _Worker] = {}
         self._lock = threading.Lock()
 
     def prepare(self, key: str) -> None:
-        """Spawn the standby for `key` now (if none is waiting), so the next job starts warm."""
+        """Start the standby for `key` now (if none is waiting), so the next job starts warm."""
         with self._lock:
             current = self._standby.get(key)
             if current is not None and current.usable():
                 return
-            self._standby[key] = _Standby(self.preload)
+            self._standby[key] = _Worker(self.preload)
 
     def standby_pid(self, key: str) -> int | None:
+        """The pid of the standby's supervisor (the job's runner is its child)."""
         with self._lock:
             s = self._standby.get(key)
-            return s.proc.pid if s is not None and s.usable() else None
+            return s.pid if s is not None and s.usable() else None
 
-    def _take(self, key: str) -> _Standby:
+    def _take(self, key: str) -> _Worker:
         with self._lock:
             s = self._standby.pop(key, None)
         if s is None or not s.usable():
             if s is not None:
-                s.retire()
-            s = _Standby(self.preload)
+                s.stop()
+            s = _Worker(self.preload)
         return s
 
     def run(self, key: str, func: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """`run_in_worker`, in the standby child for `key`; a new standby is spawned afterwards."""
+        """`run_in_worker`, in the standby for `key`; a new standby is started afterwards."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         standby = self._take(key)
         try:
-            standby.conn.send((func, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - an unpicklable argument, or a dead standby
-            standby.retire()
-            if isinstance(exc, (OSError, EOFError)):
+            try:
+                return standby.run(func, args, kwargs, timeout_s)
+            except (OSError, EOFError):  # the standby died before it took the job
                 return run_in_worker(func, *args, timeout_s=timeout_s, **kwargs)
-            raise WorkerError(f"the job could not be sent to its process ({type(exc).__name__}: {exc})") from None
-        try:
-            return _await(standby.proc, standby.conn, timeout_s)
         finally:
             threading.Thread(target=self._refill, args=(key,), daemon=True).start()
 
@@ -203,12 +341,12 @@ class WarmPool:
         with self._lock:
             standbys, self._standby = list(self._standby.values()), {}
         for s in standbys:
-            s.retire()
+            s.stop()
 
 
 POOL = WarmPool()
 
 
 def run_in_warm_worker(key: str, func: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-    """`run_in_worker` through the process-wide pool's standby child for device `key`."""
+    """`run_in_worker` through the process-wide pool's standby for device `key`."""
     return POOL.run(key, func, *args, timeout_s=timeout_s, **kwargs)

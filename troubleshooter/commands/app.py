@@ -55,6 +55,8 @@ def _serve(page, argv: list[str]) -> int:
     from ..ui import server
 
     settings = server.settings_or_exit(argv)
+    if hasattr(page, "serve"):  # the page's own way: settings, hardening, warm workers, launch
+        return page.serve(settings)
     server.apply(settings)  # before building: the layout reads the settings (e.g. --allow-exec)
     if not server.is_loopback(settings.host) and settings.auth is None:
         print(f"warning: serving on {settings.host} without --auth: anyone who can reach the port can use it",

@@ -16,9 +16,10 @@ def register(subparsers) -> None:
         help="answer a few questions: FP16 or BF16 (or stay FP32), why, and a training loop",
         description="Interactive in a terminal; or pass --answers FILE (YAML or JSON with the keys "
         "gpu, model_family, params_millions, symptoms, current_precision, grad_clipping, grad_accumulation, "
-        "custom_exp_log_loss, batchnorm, multi_gpu, bitexact_fp16, bf16_pretrained, training (train/finetune/lora/"
-        "inference), fp16_weights; only gpu is required). "
-        "gpu: any GPU name from any vendor, or a compute capability (sm_86, 8.6).",
+        "custom_exp_log_loss, batchnorm, multi_gpu, num_gpus, framework (none/accelerate/lightning/hf_trainer/"
+        "deepspeed: the answer also comes as that framework's settings), bitexact_fp16, bf16_pretrained, training "
+        "(train/finetune/lora/inference), fp16_weights; only gpu is required). "
+        "gpu: any GPU name from any vendor, a count ('8x V100'), or a compute capability (sm_86, 8.6).",
     )
     p.add_argument("--answers", metavar="FILE", help="answers file (.yaml/.yml/.json); '-' reads YAML/JSON from stdin")
     p.add_argument("--log", metavar="FILE", help="an error message or training log: the symptoms it shows are added")
@@ -69,12 +70,10 @@ def ask_interactively() -> dict:
 
 def _answers_from(args) -> dict:
     if args.answers == "-":
-        import yaml
+        from ..bounded import read_bytes
+        from ..safeyaml import MAX_BYTES, load
 
-        try:
-            data = yaml.safe_load(sys.stdin.read())  # JSON is YAML too
-        except yaml.YAMLError as exc:
-            raise UserError(f"answers on stdin are not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+        data = load(read_bytes("-", MAX_BYTES, "the answers on stdin"), "the answers on stdin")  # JSON is YAML too
         return data if data is not None else {}
     if args.answers:
         return load_answers(args.answers)

@@ -9,6 +9,7 @@ the model overflows float16 (AMP202).
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -133,15 +134,25 @@ def _looks_like_safetensors(head: bytes) -> bool:
 
 def _read_safetensors(path: str) -> dict:
     """The tensors as empty `meta` tensors of the right dtype and shape: the header is all we need,
-    and reading it runs nothing."""
-    import json
+    and reading it runs nothing. The header is checked against the file (each tensor's byte range
+    must lie in it and match its shape and dtype), so a header claiming 10^10 elements in a file
+    of a few bytes is refused instead of reported."""
+    from ..bounded import InputRefused, load_json
 
+    file_size = os.path.getsize(path)
     with open(path, "rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
+        if 8 + size > file_size:
+            raise UserError(f"{path}: the safetensors header claims {size:,} bytes, more than the file holds")
         try:
-            header = json.loads(fh.read(size))
+            header = load_json(fh.read(size).decode("utf-8"), "the safetensors header")
         except (ValueError, UnicodeDecodeError):
             raise UserError(f"{path}: the safetensors header is not valid JSON") from None
+        except InputRefused as exc:
+            raise UserError(f"{path}: {exc}") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: the safetensors header is not a JSON object")
+    data_size = file_size - 8 - size
     out = {}
     for name, info in header.items():
         if name == "__metadata__" or not isinstance(info, dict):
@@ -149,7 +160,21 @@ def _read_safetensors(path: str) -> dict:
         dtype = _ST_DTYPES.get(str(info.get("dtype")))
         if dtype is None:
             raise UserError(f"{path}: tensor {name} has an unknown safetensors dtype {info.get('dtype')!r}")
-        out[name] = torch.empty(tuple(info.get("shape") or ()), dtype=dtype, device="meta")
+        shape = info.get("shape") if info.get("shape") is not None else []
+        offsets = info.get("data_offsets")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in shape):
+            raise UserError(f"{path}: tensor {name} has a malformed shape in the safetensors header")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise UserError(f"{path}: tensor {name}'s data_offsets {offsets!r} do not lie within the file's "
+                            f"{data_size:,} bytes of tensor data: the header does not describe this file")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if nbytes != offsets[1] - offsets[0]:
+            raise UserError(f"{path}: tensor {name} claims shape {shape} ({math.prod(shape):,} elements, "
+                            f"{nbytes:,} bytes) but its data in the file is {offsets[1] - offsets[0]:,} bytes: "
+                            "the header does not describe this file")
+        out[name] = torch.empty(tuple(shape), dtype=dtype, device="meta")
     return out
 
 

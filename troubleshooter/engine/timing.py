@@ -32,11 +32,14 @@ class StepTimer:
 
     def time(self, fn: Callable[[], object]) -> None:
         if self._cuda:
+            # on the timed device's stream: a bare record() uses the *current* device's, so a
+            # model on cuda:1 timed while cuda:0 is current would be bracketed by idle events
+            stream = torch.cuda.current_stream(self.device)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             self._pending.append((start, end))
         else:
             synchronize(self.device)

@@ -80,26 +80,55 @@ class LintConfig:
 
 
 def find_pyproject(start: str | os.PathLike | None = None) -> Path | None:
-    """The nearest pyproject.toml holding [tool.amp-troubleshooter], from `start` upwards."""
+    """The nearest pyproject.toml holding [tool.amp-troubleshooter], from `start` upwards. One that
+    is not valid TOML is passed over, unless it names our table: then its settings were meant to
+    apply, and silently linting without them would hide the mistake."""
     folder = Path(start or os.getcwd()).resolve()
     for candidate in (folder, *folder.parents):
         path = candidate / "pyproject.toml"
         if path.is_file():
             try:
-                if TABLE in _read(path).get("tool", {}):
+                if _our_table(_read(path)) is not None:
                     return path
             except UserError:
+                if _names_our_table(path):
+                    raise
                 continue  # a broken pyproject.toml without our table does not stop the search
     return None
 
 
+MAX_PYPROJECT_BYTES = 1024 * 1024
+
+
 def _read(path: Path) -> dict:
+    from ..bounded import InputRefused, read_bytes
+
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = read_bytes(str(path), MAX_PYPROJECT_BYTES).decode("utf-8")
+        return tomllib.loads(text)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except InputRefused as exc:
+        raise UserError(f"cannot read {exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{path} is not valid TOML: it nests too deeply") from None
+
+
+def _names_our_table(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return TABLE.encode() in fh.read(MAX_PYPROJECT_BYTES)
+    except OSError:
+        return False
+
+
+def _our_table(data: dict):
+    """`[tool.amp-troubleshooter]` of parsed TOML, or None when there is none (`tool` may be
+    anything in someone's pyproject.toml, e.g. `tool = 5`)."""
+    tool = data.get("tool")
+    return tool.get(TABLE) if isinstance(tool, dict) else None
 
 
 def _ids(value, where: str) -> list[str]:
@@ -134,7 +163,8 @@ def load_config(path: str | os.PathLike | None = None, start: str | os.PathLike 
         source = find_pyproject(start)
         if source is None:
             return LintConfig()
-    table = _read(source).get("tool", {}).get(TABLE, {})
+    table = _our_table(_read(source))
+    table = {} if table is None else table
     where = f"{source} [tool.{TABLE}]"
     if not isinstance(table, dict):
         raise UserError(f"{where} must be a table")

@@ -11,7 +11,7 @@ from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .edits import Fix
 from .rules import BY_ID, RULES, Rule
-from .source import LintError, SourceUnit, strip_ipython
+from .source import LintError, SourceUnit, parse, parse_problem, strip_ipython
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
@@ -110,12 +110,14 @@ def _noqa_codes(line: str) -> set[str] | None:
     return {c.strip().upper() for c in codes.split(",")} if codes else set()
 
 
-def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
+def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -> LintReport:
+    """Lint one unit. `read_configs`: the unit is a file on disk, and framework config files beside
+    it (accelerate YAML, DeepSpeed JSON, Lightning CLI YAML) may be read (lint/frameworks/configs.py)."""
     report = LintReport(errors=list(unit.errors), files=1, notes=list(unit.notes))
     if not unit.text.strip():
         return report
     try:
-        tree = ast.parse(unit.text, filename=unit.path)
+        tree = parse(unit.text, unit.path)
     except SyntaxError as exc:
         tree, exc = _parse_ipython_export(unit, exc)
         if tree is None:
@@ -123,10 +125,11 @@ def lint_unit(unit: SourceUnit, rules: list[Rule]) -> LintReport:
             report.errors.append(LintError(unit.path, f"syntax error: {exc.msg}", line if exc.lineno else None, cell))
             return report
     except (ValueError, RecursionError, MemoryError) as exc:
-        report.errors.append(LintError(unit.path, f"cannot parse: {exc}"))
+        report.errors.append(LintError(unit.path, f"cannot parse: {parse_problem(exc)}"))
         return report
     try:
         model = FileModel(tree, unit.text)
+        model.script_path = unit.path if read_configs else None
     except RecursionError:
         report.errors.append(LintError(unit.path, "code is nested too deeply to analyse"))
         return report
@@ -173,7 +176,7 @@ def _parse_ipython_export(unit: SourceUnit, exc: SyntaxError) -> tuple[ast.Modul
     if text.strip() == unit.text.strip():
         return None, exc
     try:
-        tree = ast.parse(text, filename=unit.path)
+        tree = parse(text, unit.path)
     except SyntaxError as again:
         return None, again  # the Python error left once the IPython lines are read as IPython
     except (ValueError, RecursionError, MemoryError):

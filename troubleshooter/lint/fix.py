@@ -25,7 +25,7 @@ from .edits import Edit, Fix, apply_edits, compatible_fixes, line_starts, positi
 from .engine import active_rules, char_col, finding_key, lint_unit
 from .rules import RULES
 from .rules.amp106 import guarded_ids
-from .source import SourceUnit, strip_ipython
+from .source import SourceUnit, parse, strip_ipython
 
 FIXABLE = tuple(r.id for r in RULES if r.fixable)
 
@@ -173,14 +173,14 @@ def _positions(src: _Source, raw, locate) -> tuple[Edit, ...] | None:
 
 def _parses(text: str) -> bool:
     try:
-        ast.parse(text)
+        parse(text)
         return True
     except SyntaxError:
         pass
     except (ValueError, RecursionError, MemoryError):
         return False
     try:  # a .py exported from a notebook keeps its `!pip` lines: judge it as the linter reads it
-        ast.parse("\n".join(strip_ipython(split_lines(text))))
+        parse("\n".join(strip_ipython(split_lines(text))))
         return True
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False

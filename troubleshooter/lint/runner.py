@@ -29,16 +29,17 @@ def lint_inputs(paths: list[str], rules, stdin_filename: str | None = None, cach
             report.errors.append(item)
             report.files += 1
         else:
-            report.extend(_lint_one(item, rules, cache if path != "-" else None))
+            report.extend(_lint_one(item, rules, cache if path != "-" else None, read_configs=path != "-"))
     return report
 
 
-def _lint_one(unit: SourceUnit, rules, cache) -> LintReport:
+def _lint_one(unit: SourceUnit, rules, cache, read_configs: bool = False) -> LintReport:
+    """`read_configs`: a file on disk, whose framework config files beside it may be read (lint/frameworks)."""
     if cache is None:
-        return lint_unit(unit, rules)
+        return lint_unit(unit, rules, read_configs=read_configs)
     key = cache.key(unit)  # before linting: an IPython export's text is rewritten as it is parsed
     report = cache.get(unit, key)
     if report is None:
-        report = lint_unit(unit, rules)
+        report = lint_unit(unit, rules, read_configs=read_configs)
         cache.put(unit, key, report)
     return report

@@ -84,7 +84,7 @@ def notebook_line_index(raw: str) -> dict[tuple[int, int], CellLine]:
     """
     try:
         cells = json.loads(raw).get("cells", [])
-    except (json.JSONDecodeError, AttributeError):
+    except (json.JSONDecodeError, AttributeError, RecursionError):
         return {}
     file_lines = raw.splitlines()
     index: dict[tuple[int, int], CellLine] = {}

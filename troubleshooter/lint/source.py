@@ -5,11 +5,12 @@ message, line) rather than an exception: one unreadable file must not hide the o
 """
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
 import re
-import sys
+import threading
 import tokenize
 from dataclasses import dataclass, field
 
@@ -17,6 +18,27 @@ MAX_BYTES = 2 * 1024 * 1024  # training scripts are far smaller; bigger inputs a
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 # Cell magics whose body is still Python: drop the magic line, lint the rest.
 _PY_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug"}
+
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(text: str, path: str = "<unknown>") -> ast.Module:
+    """`ast.parse`, one call at a time in this process. CPython 3.11 keeps the counter that guards
+    the AST converter's recursion in per-interpreter state shared by all threads; when a garbage
+    collection runs Python code mid-conversion and another thread parses meanwhile, the counter is
+    reset under the first and its parse fails with `SystemError: AST constructor recursion depth
+    mismatch` on perfectly valid code. Everything in the linter parses through here."""
+    with _PARSE_LOCK:
+        return ast.parse(text, filename=path)
+
+
+def parse_problem(exc: BaseException) -> str:
+    """Why the parser gave up, in words: it raises MemoryError with no message (or RecursionError)
+    when an expression nests thousands deep (`-------1`, `a.b.b.b...`)."""
+    if isinstance(exc, (RecursionError, MemoryError)):
+        return "the code nests too deeply for Python's parser (thousands of operators or calls in one expression)"
+    return str(exc) or type(exc).__name__
 
 
 @dataclass
@@ -146,10 +168,14 @@ def notebook_unit(raw: str, path: str) -> SourceUnit:
 
     Cells are numbered among code cells (markdown cells are not counted), as in `cell_map`;
     `raw_lines` maps each joined line to its line in the .ipynb file, where GitHub shows it."""
+    from ..bounded import InputRefused, load_json
+
     try:
-        nb = json.loads(raw)
+        nb = load_json(raw, "the notebook")
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except InputRefused as exc:
+        raise ValueError(f"malformed notebook: {str(exc).replace('the notebook ', '', 1)}") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("malformed notebook: no 'cells' list")
     unit = SourceUnit(path=path, text="", cell_map={}, raw_lines={}, raw=raw)
@@ -182,12 +208,12 @@ def notebook_unit(raw: str, path: str) -> SourceUnit:
             continue
         cell_text = "\n".join(lines) + "\n"
         try:
-            compile(cell_text, path, "exec", flags=0x400, dont_inherit=True)  # PyCF_ONLY_AST
+            parse(cell_text, path)
         except SyntaxError as exc:
             unit.errors.append(LintError(path, f"syntax error: {exc.msg}", exc.lineno, code_no))
             continue
         except (ValueError, RecursionError, MemoryError) as exc:
-            unit.errors.append(LintError(path, f"cannot parse cell: {exc}", None, code_no))
+            unit.errors.append(LintError(path, f"cannot parse cell: {parse_problem(exc)}", None, code_no))
             continue
         for j in range(len(lines)):
             unit.cell_map[line_no + j + 1] = (code_no, j + 1)
@@ -217,8 +243,7 @@ def iter_inputs(paths: list[str]):
     """Yield (path, SourceUnit | LintError) for every file the paths name, in a stable order."""
     for p in paths:
         if p == "-":
-            data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-            yield from _one("-", data=data)
+            yield from _one("-")
         elif os.path.isdir(p):
             found = []
             for root, dirs, files in os.walk(p):
@@ -232,25 +257,30 @@ def iter_inputs(paths: list[str]):
             yield from _one(p)
 
 
-def _one(path: str, data: bytes | None = None, in_dir: bool = False):
-    if data is None:
-        try:
-            if os.path.getsize(path) > MAX_BYTES:
-                size = os.path.getsize(path)
-                yield path, LintError(path, f"file is {size / 1e6:.1f} MB; the linter reads files up to "
-                                            f"{MAX_BYTES // (1024 * 1024)} MB (split it, or lint the training script itself)")
-                return
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            yield path, LintError(path, "no such file or directory")
+def _one(path: str, in_dir: bool = False):
+    """Read one input through `bounded.read_bytes`: at most MAX_BYTES of a regular file or of stdin
+    (`/dev/zero`, `yes | lint -` and a named pipe called train.py are refused, not read forever)."""
+    from ..bounded import InputRefused, read_bytes
+
+    try:
+        data = read_bytes(path, MAX_BYTES, "<stdin>" if path == "-" else path)
+    except InputRefused as exc:
+        if not exc.too_big:
+            yield path, LintError(path, str(exc).replace(f"{path} is ", "", 1))
             return
-        except IsADirectoryError:
-            yield path, LintError(path, "is a directory")
-            return
-        except OSError as exc:
-            yield path, LintError(path, f"cannot read: {exc.strerror or exc}")
-            return
+        size = f"{exc.size / 1e6:.1f} MB" if exc.size is not None else f"more than {MAX_BYTES // (1024 * 1024)} MB"
+        yield path, LintError(path, f"{'file' if path != '-' else 'stdin'} is {size}; the linter reads files up "
+                                    f"to {MAX_BYTES // (1024 * 1024)} MB (split it, or lint the training script itself)")
+        return
+    except FileNotFoundError:
+        yield path, LintError(path, "no such file or directory")
+        return
+    except IsADirectoryError:
+        yield path, LintError(path, "is a directory")
+        return
+    except OSError as exc:
+        yield path, LintError(path, f"cannot read: {exc.strerror or exc}")
+        return
     if in_dir and not data.strip():
         return  # empty __init__.py files inside a tree are normal
     try:

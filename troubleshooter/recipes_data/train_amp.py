@@ -16,6 +16,9 @@ stays as it is. Every line that matters for mixed precision says why it is there
 Regenerate: python -m troubleshooter recipe --clip 1.0 --scheduler cosine --checkpoint --nan-guard --eval
 """
 import argparse
+# [option: distributed=ddp]
+#| import contextlib
+# [end]
 import math
 import os
 import sys
@@ -91,6 +94,10 @@ CKPT_EVERY = 50      # save a checkpoint every K steps and at the end
 # [end]
 #| FSDP_MIN_PARAMS = 1_000_000  # size policy: a unit per module holding this many parameters
 # [end]
+# [option: lora]
+#| LORA_RANK = 8        # adapters (LoRA): rank of the trainable low-rank update of each adapted Linear
+#| LORA_TARGETS = {"Block"}  # module classes whose Linear layers get adapters (add yours: "LlamaDecoderLayer")
+# [end]
 # [option: activation_checkpointing]
 # [option: model=transformer]
 #| CHECKPOINT_CLASSES = {"Block"}  # module classes whose activations are recomputed (add yours: "LlamaDecoderLayer")
@@ -121,6 +128,11 @@ parser.add_argument("--device", default=DEVICE)
 #| parser.add_argument("--num-workers", type=int, default=NUM_WORKERS)
 # [end]
 parser.add_argument("--out-dir", default=OUT_DIR)
+# [option: load_weights]
+#| parser.add_argument("--init-from", metavar="PATH", default=None,
+#|                     help="start from these weights (a state_dict, or a checkpoint holding one under 'model'); "
+#|                          "float16/bfloat16 weights load as float32 master weights")
+# [end]
 # [option: checkpoint]
 parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
                     help="continue from CKPT (default: OUT_DIR/ckpt.pt)")
@@ -350,6 +362,42 @@ def make_samples(gen: torch.Generator, n: int = BATCH_SIZE):
 # [end]
 # [end]
 
+# [option: lora]
+#|
+#|
+#| class LoRALinear(nn.Module):
+#|     """A frozen Linear plus a trainable low-rank update (LoRA): base(x) + B(A(x)) * alpha / rank.
+#|
+#|     The frozen base may sit in float16/bfloat16 (it gets no gradient, so it needs no float32 master
+#|     copy); A and B stay float32, so the optimizer updates float32 weights and GradScaler unscales
+#|     float32 gradients ('Attempting to unscale FP16 gradients.' is what float16 adapters would give)."""
+#|
+#|     def __init__(self, base: nn.Linear, rank: int):
+#|         super().__init__()
+#|         self.base = base
+#|         device = base.weight.device
+#|         self.lora_a = nn.Parameter(torch.randn(rank, base.in_features, device=device) / base.in_features ** 0.5)
+#|         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=device))  # starts as the base
+#|         self.scaling = 2.0  # alpha / rank with alpha = 2 * rank
+#|
+#|     def forward(self, x):
+#|         return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scaling
+#|
+#|
+#| def add_lora(model: nn.Module) -> nn.Module:
+#|     """Freeze the model, keep its frozen weights in the half dtype, and give the Linear layers of the
+#|     LORA_TARGETS blocks float32 adapters: only the adapters train."""
+#|     model.requires_grad_(False)
+#|     if PRECISION != "fp32":
+#|         model.to(amp_dtype)  # frozen: 2 bytes per parameter, no float32 master copy (a 13B base: 26 GB, not 52)
+#|     for block in [m for m in model.modules() if type(m).__name__ in LORA_TARGETS]:
+#|         for parent in list(block.modules()):
+#|             for name, child in list(parent.named_children()):
+#|                 if isinstance(child, nn.Linear):
+#|                     setattr(parent, name, LoRALinear(child, LORA_RANK))
+#|     return model
+# [end]
+
 
 def compute_loss(model: nn.Module, batch) -> torch.Tensor:
     """THE PLUG-IN POINT: one batch in, the scalar training loss out (called under autocast).
@@ -491,6 +539,25 @@ def get_batch(split: str, index: int):
 torch.manual_seed(SEED)  # the same initial weights in every process
 # The weights stay float32 (the "master weights"): autocast casts per op, the optimizer updates float32.
 model = build_model().to(device)
+# [option: load_weights]
+#| if args.init_from:
+#|     # Weights stored in float16/bfloat16 (a half-precision checkpoint, torch_dtype=torch.float16) become
+#|     # float32 master weights: autocast computes in half precision, the optimizer updates float32.
+#|     state = torch.load(args.init_from, map_location="cpu", weights_only=True)
+#|     state = state.get("model", state)
+#|     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+#|     model.float()
+#|     if RANK == 0:
+#|         print(f"loaded {args.init_from} as float32 master weights", flush=True)
+# [end]
+# [option: lora]
+#| model = add_lora(model)
+#| if RANK == 0:
+#|     trainable = [p for p in model.parameters() if p.requires_grad]
+#|     frozen = [p for p in model.parameters() if not p.requires_grad]
+#|     print(f"LoRA: {sum(p.numel() for p in trainable):,} trainable adapter parameters in "
+#|           f"{trainable[0].dtype}, {sum(p.numel() for p in frozen):,} frozen in {frozen[0].dtype}", flush=True)
+# [end]
 # [option: activation_checkpointing]
 #| # Activation checkpointing: each block's activations are recomputed in backward instead of stored,
 #| # about a third more compute for a fraction of the activation memory. Autocast state is replayed.
@@ -779,15 +846,18 @@ while True:
         # [else]
         #| batch = next(batches)
         # [end]
-        # [option: distributed=ddp]
-        #| # All-reduce gradients only on the last micro-batch: one communication per optimizer step.
-        #| model.require_backward_grad_sync = micro == ACCUM_STEPS - 1
-        # [end]
         # [option: distributed=fsdp]
         #| # Reduce-scatter gradients only on the last micro-batch: one communication per optimizer step.
         #| model.set_requires_gradient_sync(micro == ACCUM_STEPS - 1)
         # [end]
+        # [option: distributed=ddp]
+        #| # All-reduce gradients only on the last micro-batch (one communication per optimizer step): the
+        #| # other micro-batches run their forward under DDP's no_sync(), so their backward only accumulates.
+        #| grad_sync = contextlib.nullcontext() if micro == ACCUM_STEPS - 1 else model.no_sync()
+        #| with grad_sync, autocast_ctx:
+        # [else]
         with autocast_ctx:
+        # [end]
             # Divide by ACCUM_STEPS: the summed micro-batch gradients then equal the whole batch's mean.
             loss = compute_loss(model, batch) / ACCUM_STEPS
         # backward() outside autocast: each op's backward runs in the dtype its forward used.

@@ -2,7 +2,9 @@
 
 One GradScaler serves every optimizer: each loss is scaled and backpropagated, each optimizer is
 stepped through scaler.step() (which skips that optimizer's update when its gradients hold inf/NaN),
-and scaler.update() runs once per iteration, after all of them.
+and scaler.update() runs once per iteration, after all of them. The discriminator steps before the
+generator's backward, which runs through the discriminator with its parameters frozen: no gradient
+of the generator's loss ever reaches the discriminator's update.
 
     python train_gan_amp.py             # overrides: --device cpu --max-steps 300 --batch-size 128 --lr 1e-4
 # [option: checkpoint]
@@ -216,6 +218,9 @@ t_log = time.perf_counter()
 for step in range(start_step, stop_at):
     real = real_batch(step)
     z = torch.randn(BATCH_SIZE, NOISE_DIM, device=device)
+    # [option: nan_guard]
+    dropped = False  # an update of this iteration was dropped for inf/NaN losses or gradients
+    # [end]
 
     # Discriminator: real -> 1, fake -> 0. fake.detach(): no generator gradients from this loss.
     opt_d.zero_grad(set_to_none=True)
@@ -237,19 +242,46 @@ for step in range(start_step, stop_at):
     #| norm_d = torch.nn.utils.clip_grad_norm_(discriminator.parameters(), float("inf"))  # the norm only
     # [end]
     # [end]
+    # The discriminator steps NOW, before the generator's backward: that backward runs through the
+    # discriminator, and whatever it wrote into the discriminator's .grad (the generator's loss, scaled
+    # by the loss scale under fp16) would otherwise be part of this update.
+    # [option: nan_guard]
+    # [option: scaler]
+    if PRECISION != "fp16" and nonfinite(loss_d, norm_d):  # under fp16, scaler.step skips it by itself
+    # [else]
+    #| if nonfinite(loss_d, norm_d):
+    # [end]
+        dropped = True
+    else:
+        # [option: scaler]
+        scaler.step(opt_d)
+        # [else]
+        #| opt_d.step()
+        # [end]
+    # [else]
+    # [option: scaler]
+    #| scaler.step(opt_d)
+    # [else]
+    #| opt_d.step()
+    # [end]
+    # [end]
 
-    # Generator: make the discriminator say 1 on fakes. Its backward also reaches the discriminator's
-    # parameters; those gradients are cleared by opt_d.zero_grad() before they are ever used.
+    # Generator: make the discriminator say 1 on fakes. The discriminator is frozen for this backward:
+    # the gradient flows through it to the generator without writing into its parameters' .grad.
     opt_g.zero_grad(set_to_none=True)
+    discriminator.requires_grad_(False)
     with autocast_ctx:
         loss_g = gan_loss(discriminator(fake), True)
     # [option: scaler]
     scaler.scale(loss_g).backward()
+    # [else]
+    #| loss_g.backward()
+    # [end]
+    discriminator.requires_grad_(True)
+    # [option: scaler]
     # [option: grad_norm]
     scaler.unscale_(opt_g)
     # [end]
-    # [else]
-    #| loss_g.backward()
     # [end]
     # [option: clip]
     norm_g = torch.nn.utils.clip_grad_norm_(generator.parameters(), GRAD_CLIP)
@@ -259,34 +291,41 @@ for step in range(start_step, stop_at):
     # [end]
     # [end]
     # [option: nan_guard]
-
-    # NaN guard (bf16/fp32; under fp16 scaler.step skips each optimizer's non-finite update itself).
     # [option: scaler]
-    if PRECISION != "fp16" and nonfinite(loss_d, loss_g, norm_d, norm_g):
+    if PRECISION != "fp16" and nonfinite(loss_g, norm_g):
     # [else]
-    #| if nonfinite(loss_d, loss_g, norm_d, norm_g):
+    #| if nonfinite(loss_g, norm_g):
     # [end]
-        nonfinite_steps += 1
-        nonfinite_streak += 1
-        print(f"step {step + 1}: non-finite loss or gradients, updates skipped ({nonfinite_steps} so far)", flush=True)
-        if nonfinite_streak >= MAX_NONFINITE_STREAK:
-            sys.exit(f"error: {nonfinite_streak} iterations in a row had inf/NaN losses or gradients: training "
-                     "diverged. Nothing non-finite was saved. Lower the learning rate or check the data.")
-        continue
-    nonfinite_streak = 0
-    # [end]
-
+        dropped = True
+    else:
+        # [option: scaler]
+        scaler.step(opt_g)
+        # [else]
+        #| opt_g.step()
+        # [end]
+    # [else]
     # [option: scaler]
-    # Each optimizer is stepped through the scaler, which skips it if its own gradients hold inf/NaN;
-    # then ONE update() for the iteration, after every optimizer has stepped.
-    scaler.step(opt_d)
-    scaler.step(opt_g)
+    #| scaler.step(opt_g)
+    # [else]
+    #| opt_g.step()
+    # [end]
+    # [end]
+    # [option: scaler]
+    # ONE update() per iteration, after every optimizer has stepped through the scaler.
     scale_before = scaler.get_scale()
     scaler.update()
     skipped += scaler.get_scale() < scale_before
-    # [else]
-    #| opt_d.step()
-    #| opt_g.step()
+    # [end]
+    # [option: nan_guard]
+    if dropped:
+        nonfinite_steps += 1
+        nonfinite_streak += 1
+        print(f"step {step + 1}: non-finite loss or gradients, update skipped ({nonfinite_steps} so far)", flush=True)
+        if nonfinite_streak >= MAX_NONFINITE_STREAK:
+            sys.exit(f"error: {nonfinite_streak} iterations in a row had inf/NaN losses or gradients: training "
+                     "diverged. Nothing non-finite was saved. Lower the learning rate or check the data.")
+    else:
+        nonfinite_streak = 0
     # [end]
 
     if (step + 1) % LOG_EVERY == 0:

@@ -213,6 +213,31 @@ def check_limits(run: DryRun, optimizer_floats_per_param: int, limits: Limits) -
     return problems
 
 
+MAX_MODULES = 20_000  # building (even on meta) costs time per module; real models have a few thousand
+
+
+def check_size(params: int, modules: int, optimizer_floats_per_param: int, limits: Limits) -> list[str]:
+    """Reasons to refuse a model from its computed size alone, before building anything: its
+    parameters, the memory its weights, gradients and optimizer state need (activations come on
+    top), and its module count (what building costs time for)."""
+    problems = []
+    if params > limits.max_params:
+        problems.append(f"the model would have {_count(params)} parameters, over the limit of "
+                        f"{human_count(limits.max_params)} (raise it with {ENV_MAX_PARAMS} or max_params=...)")
+    need = params * 4 * (2 + optimizer_floats_per_param)
+    if need > limits.max_memory_gb * GiB:
+        problems.append(f"its weights, gradients and optimizer state alone would need {need / GiB:,.1f} GiB, over "
+                        f"the limit of {limits.max_memory_gb:g} GiB (raise it with {ENV_MAX_MEMORY_GB})")
+    if modules > MAX_MODULES:
+        problems.append(f"the model would have {modules:,} modules (layers), over the {MAX_MODULES:,} this tool "
+                        "builds: use fewer layers")
+    return problems
+
+
+def _count(n: float) -> str:
+    return human_count(n) if n < 1e15 else f"{n:.1e}"
+
+
 def human_count(n: float) -> str:
     if n <= 0 or not math.isfinite(n):
         return str(n)

@@ -170,7 +170,7 @@ def _finish(*, name: str, label: str, build: Callable[[], nn.Module], make_batch
 def _load_preset(name: str, overrides: dict[str, Any], limits: estimate.Limits, *, label: str,
                  optimizer: OptimizerConfig | None = None, loss_weight: float = 1.0,
                  weights: str | None = None, spec_name: str | None = None,
-                 problems: list[str] | None = None) -> Workload:
+                 problems: list[str] | None = None, only_check: bool = False) -> Workload | None:
     try:
         preset = get_preset(name)
     except SpecError as exc:
@@ -182,6 +182,13 @@ def _load_preset(name: str, overrides: dict[str, Any], limits: estimate.Limits, 
     if param_problems:
         raise SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec",
                         problems)
+    optimizer = optimizer or OptimizerConfig()
+    if preset.size is not None:  # its size from cfg alone: a monster is refused before it is built
+        too_big = estimate.check_size(*preset.size(cfg), optimizer.state_floats_per_param(), limits)
+        if too_big:
+            raise _problem_error(label, problems + too_big)
+    if only_check:
+        return None
     build = partial(preset.build, cfg)
     make_batch = partial(preset.make_batch, cfg)
     batch_size = cfg["batch_size"]
@@ -196,7 +203,7 @@ def _load_preset(name: str, overrides: dict[str, Any], limits: estimate.Limits, 
                "description": preset.description}
     return _finish(name=spec_name or f"{preset.name}", label=label, build=build, make_batch=make_batch,
                    loss_fn=preset.loss_fn, batch_size=batch_size,
-                   optimizer=optimizer or OptimizerConfig(), loss_weight=loss_weight,
+                   optimizer=optimizer, loss_weight=loss_weight,
                    seq_len=preset.seq_len(cfg), flops_fn=flops_fn, summary=summary,
                    meta_model=meta_model, run=run, weights=weights, problems=problems, limits=limits)
 
@@ -266,7 +273,7 @@ def _token_seq_len(inp) -> int | None:
     return inp.shape[1] if inp.dtype == "int64" and len(inp.shape) == 2 else None
 
 
-def _load_yaml(source: SpecSource, limits: estimate.Limits) -> Workload:
+def _load_yaml(source: SpecSource, limits: estimate.Limits, only_check: bool = False) -> Workload | None:
     text = source.read_text()
     label = source.describe()
     data, lines = yamlspec.parse_yaml(text)
@@ -292,7 +299,9 @@ def _load_yaml(source: SpecSource, limits: estimate.Limits) -> Workload:
     if spec.model.preset is not None:
         return _load_preset(spec.model.preset, spec.model.params, limits, label=label,
                             optimizer=spec.optimizer.config(), loss_weight=spec.loss_weight,
-                            weights=weights, spec_name=spec.name, problems=problems)
+                            weights=weights, spec_name=spec.name, problems=problems, only_check=only_check)
+    if only_check:
+        return None
     # Build every layer on meta on its own, so a bad value names its layer.
     build_problems = []
     for i, (name, args, kwargs) in enumerate(resolved):
@@ -359,13 +368,21 @@ def load_workload(source: SpecSource, allow_exec: bool = False, *, max_params: f
     A Python source is imported in THIS process (only with allow_exec): call it inside a worker,
     as `run_with_workload` does.
     """
-    try:
-        return _load(source, allow_exec, estimate.Limits.resolve(max_params, max_memory_gb))
-    except SpecError as exc:
-        if not exc.problems and len(str(exc)) <= yamlspec.MAX_PROBLEM_CHARS * 2:
-            raise
-        head = str(exc).split("\n", 1)[0][:yamlspec.MAX_PROBLEM_CHARS * 2]
-        raise SpecError(head, yamlspec.cap_problems(exc.problems)) from None
+    return _load(source, allow_exec, estimate.Limits.resolve(max_params, max_memory_gb))  # messages: errors.clip
+
+
+def precheck(source: SpecSource, *, max_params: float | None = None, max_memory_gb: float | None = None) -> None:
+    """Refuse (SpecError) what can be found wrong without building anything: malformed or hostile
+    YAML, schema and preset-parameter mistakes, unknown layers, a missing weights file, and a preset
+    too big by its computed size. Cheap; the app asks it in the server process, before a job is
+    queued, and builds the model only in the job (under its time limit). A Python file is never
+    looked at here."""
+    limits = estimate.Limits.resolve(max_params, max_memory_gb)
+    if source.kind == "preset":
+        name, overrides = parse_preset_string(source.value)
+        _load_preset(name, overrides, limits, label=source.describe(), only_check=True)
+    elif source.kind == "yaml":
+        _load_yaml(source, limits, only_check=True)
 
 
 def _load(source: SpecSource, allow_exec: bool, limits: estimate.Limits) -> Workload:

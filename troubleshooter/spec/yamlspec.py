@@ -5,77 +5,21 @@ Nothing in a YAML spec is executed; layers come from an allow-list of torch.nn c
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ValidationError
 
+from .. import safeyaml
+from ..errors import MAX_PROBLEM_CHARS, MAX_PROBLEMS, clip_problems  # noqa: F401 (re-exported)
 from . import layers as layer_lib
-from .schema import Spec
 
-MAX_SPEC_BYTES = 256 * 1024  # a layer stack is a few KiB; more is not a spec
-MAX_EXPANDED_NODES = 20_000  # nodes after expanding aliases: a billion-laughs file is refused here
-MAX_PROBLEM_CHARS = 400  # one problem line in an error message
-MAX_PROBLEMS = 40
+if TYPE_CHECKING:  # pydantic is imported only to validate a YAML spec: presets load without it
+    from pydantic import ValidationError
 
+    from .schema import Spec
 
-def _expanded_size(root: yaml.Node) -> int | None:
-    """Node count with every alias expanded, computed without expanding anything (an alias is the
-    same node object twice); None for a cycle (`&a [*a]`). Stops counting past the limit."""
-    sizes: dict[int, int] = {}
-    in_progress: set[int] = set()
-
-    def size(node) -> int | None:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in in_progress:
-            return None
-        in_progress.add(key)
-        total = 1
-        children = []
-        if isinstance(node, yaml.MappingNode):
-            children = [c for pair in node.value for c in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        for child in children:
-            n = size(child)
-            if n is None:
-                return None
-            total += n
-            if total > MAX_EXPANDED_NODES:
-                break
-        in_progress.discard(key)
-        sizes[key] = total
-        return total
-
-    return size(root)
-
-
-def _refuse_hostile(text: str) -> None:
-    """Refuse, in milliseconds, what would make parsing, validation or the error message huge."""
-    from ..errors import SpecError
-
-    if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(f"the spec is {len(text):,} characters, over the limit of {MAX_SPEC_BYTES:,}: "
-                        "a model spec is a short YAML file")
-    if "&" not in text and "*" not in text:
-        return
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return  # parse_yaml reports the syntax error with its line
-    except RecursionError:
-        raise SpecError("the spec nests too deeply to be a model spec") from None
-    if root is None:
-        return
-    n = _expanded_size(root)
-    if n is None:
-        raise SpecError("the spec refers to itself through a YAML alias (&anchor ... *anchor inside it): "
-                        "write the values out")
-    if n > MAX_EXPANDED_NODES:
-        raise SpecError(f"the spec expands to more than {MAX_EXPANDED_NODES:,} values through YAML aliases "
-                        "(&anchor / *anchor): refused; write the values out or use fewer aliases")
+MAX_SPEC_BYTES = safeyaml.MAX_BYTES  # a layer stack is a few KiB; more is not a spec
+MAX_EXPANDED_NODES = safeyaml.MAX_NODES  # nodes after expanding aliases: a billion-laughs file is refused
 
 
 def short(value: Any, limit: int = 120) -> str:
@@ -85,21 +29,13 @@ def short(value: Any, limit: int = 120) -> str:
 
 
 def cap_problems(problems: list[str]) -> list[str]:
-    """At most MAX_PROBLEMS lines of at most MAX_PROBLEM_CHARS each: a hostile spec cannot make
-    the error message itself the attack."""
-    out = [p if len(p) <= MAX_PROBLEM_CHARS else p[:MAX_PROBLEM_CHARS] + "... (cut)" for p in problems[:MAX_PROBLEMS]]
-    if len(problems) > MAX_PROBLEMS:
-        out.append(f"... and {len(problems) - MAX_PROBLEMS} more problems")
-    return out
+    """At most MAX_PROBLEMS lines of at most MAX_PROBLEM_CHARS each (`errors.clip_problems`)."""
+    return clip_problems(problems)
 
 
-def _line_map(text: str) -> dict[tuple, int]:
+def _line_map(root: yaml.Node | None) -> dict[tuple, int]:
     """(key, index, ...) path -> 1-based line of that node in the YAML text."""
     lines: dict[tuple, int] = {}
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return lines
 
     def walk(node, path):
         if node is None:
@@ -132,21 +68,19 @@ def _where(path: tuple, lines: dict[tuple, int]) -> str:
 
 
 def parse_yaml(text: str) -> tuple[Any, dict[tuple, int]]:
-    """Raw data and line map; raises SpecError (with the line) on malformed YAML."""
+    """Raw data and line map, read by the bounded loader (`safeyaml`: size, depth and alias
+    expansion refused before any value is built); SpecError, with the line, on malformed YAML."""
     from ..errors import SpecError
 
-    _refuse_hostile(text)
+    root = safeyaml.compose(text, "the spec", error=SpecError)
     try:
-        data = yaml.safe_load(text)
+        data = safeyaml.construct(root)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"the spec is not valid YAML{where}: {problem}") from None
+        raise SpecError(f"the spec is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError("the spec must be a YAML mapping with at least `model:` "
                         f"(got {type(data).__name__ if data is not None else 'an empty document'})")
-    return data, _line_map(text)
+    return data, _line_map(root)
 
 
 def _pydantic_problems(err: ValidationError, lines: dict[tuple, int]) -> list[str]:
@@ -165,6 +99,10 @@ def _pydantic_problems(err: ValidationError, lines: dict[tuple, int]) -> list[st
 
 
 def validate_schema(data: dict, lines: dict[tuple, int]) -> tuple[Spec | None, list[str]]:
+    from pydantic import ValidationError
+
+    from .schema import Spec
+
     try:
         return Spec.model_validate(data), []
     except ValidationError as err:

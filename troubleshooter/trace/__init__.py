@@ -33,7 +33,8 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     and the report merges them (trace/merge.py, docs/distributed.md). `raw`: a child's result
     already run (one rank's), reported instead of running the script."""
     from ..explain import explain_log
-    from . import analysis, report
+    from ..jsonsafe import jsonable
+    from . import analysis, framework_report, report
     from .precision import in_effect
     from .runner import device_env, run_child, validate_script
 
@@ -61,11 +62,17 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     explained = []
     if exc:
         explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
-    precision = in_effect(raw)
+    framework_report.adjust(raw)  # mistakes seen through a framework's GradScaler get the framework rules
+    precision = framework_report.apply_to_precision(raw, in_effect(raw))
     findings = analysis.all_findings(raw, explained, precision)
+    fw_section = framework_report.section(raw, precision)
+    findings += (framework_report.findings(raw, precision, fw_section) + framework_report.fsdp_findings(raw)
+                 + framework_report.lightning_scheduler_findings(raw))
     scale, skipped = analysis.scale_series(raw.get("series") or [])
     out = report.build(os.fspath(script), [os.fspath(script), *args], device, raw, findings, explained,
                        nan, headroom, scale, skipped, precision)
+    if fw_section is not None:
+        out["framework"] = jsonable(fw_section)
     if progress is not None:
         progress(1.0, "trace finished")
     return out

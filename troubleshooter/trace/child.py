@@ -46,6 +46,8 @@ def main(config_path: str) -> None:
     rec.on_step = on_step
     rec.on_stop_pending = stop_at_next_forward
     handles = install(rec)  # noqa: F841 - kept alive while the script runs
+    from . import frameworks
+    frameworks.install(rec)  # Accelerate, Lightning/Fabric, HF Trainer, FSDP: what they were asked and did
 
     def on_term(signum, frame):
         raise TraceTimeout()
@@ -100,7 +102,7 @@ class _Writer:
                 "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
-                "exit": exit_info, "final": exit_info is not None}
+                "exit": exit_info, "final": exit_info is not None, "framework": _framework_result()}
 
     def _write(self, exit_info: dict | None) -> None:
         from ..jsonsafe import jsonable
@@ -122,6 +124,11 @@ class _Writer:
 
     def final(self, exit_info: dict) -> None:
         self._write(exit_info)
+
+
+def _framework_result() -> dict:
+    from . import frameworks
+    return frameworks.result()
 
 
 def _device_used(rec) -> dict:

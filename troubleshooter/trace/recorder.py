@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from .frameworks import entered_by_framework
 from .locate import user_frame
 
 MAX_EVENTS_PER_STEP = 100
@@ -61,7 +62,7 @@ class Recorder:
         self.created_at: dict[int, tuple] = {}  # id(optimizer) -> where it was constructed
         self.half_at: dict[int, tuple] = {}  # id(param) -> where .half()/.to(float16) made it half
         self.checked_optimizers: set[int] = set()
-        self.autocast_stack: list[tuple[str, str, bool]] = []
+        self.autocast_stack: list[tuple[str, str, bool, bool]] = []  # (device, dtype, enabled, a framework's)
         # what mixed precision the script asked for and got, for the report's "precision"
         self.autocast_sites: dict[tuple[str, str, bool], dict] = {}  # (device, dtype, enabled) -> first site, count
         self.scaler_sites: list[dict] = []  # per GradScaler made: where, device, enabled asked / in effect
@@ -138,7 +139,7 @@ class Recorder:
         dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
         enabled = bool(getattr(ac, "_enabled", True))
         dev = getattr(ac, "device", "?")
-        self.autocast_stack.append((dev, dtype, enabled))
+        self.autocast_stack.append((dev, dtype, enabled, entered_by_framework(3)))
         self._count_autocast(dev, dtype, enabled)
         if enabled and dtype == "float16":
             self.fp16_autocast_since_step = True
@@ -163,6 +164,12 @@ class Recorder:
         return {"autocast": autocast, "scalers": [dict(site) for site in self.scaler_sites],
                 "param_dtype": self.param_dtype}
 
+    def _frameworks_autocast(self) -> bool:
+        """The innermost enabled autocast region was opened by a framework around the user's code
+        (Lightning's around `training_step`): a backward or step in it is the framework's design."""
+        enabled = [entry for entry in self.autocast_stack if entry[2]]
+        return bool(enabled) and enabled[-1][3]
+
     def on_autocast_exit(self) -> None:
         if self.autocast_stack and not self.muted:
             self.autocast_stack.pop()
@@ -177,7 +184,7 @@ class Recorder:
         scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
         ev = self.event("backward", scaled=scaled_by is not None)
         ac = _autocast_now()
-        if ac is not None:
+        if ac is not None and not self._frameworks_autocast():
             self.violation("AMP104", ev, f"backward() runs inside an enabled autocast region ({ac})",
                            autocast=ac)
         scaler = scaled_by() if scaled_by is not None else None
@@ -341,7 +348,7 @@ class Recorder:
 
     def _check_autocast_at_step(self, ev: dict) -> None:
         ac = _autocast_now()
-        if ac is not None and "AMP105" not in self.step_flagged:
+        if ac is not None and "AMP105" not in self.step_flagged and not self._frameworks_autocast():
             self.step_flagged.add("AMP105")
             self.violation("AMP105", ev, f"the optimizer step runs inside an enabled autocast region ({ac})",
                            autocast=ac)

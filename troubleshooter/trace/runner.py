@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .. import proctree
 from ..errors import UserError
 
 GRACE_S = 5.0
@@ -66,7 +67,7 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
               headroom: bool, cwd: str | None, device: str,
               progress: Callable[[float, str], None] | None = None) -> dict:
     """Run the script in a child; returns the child's raw result plus how the process ended."""
-    env = dict(os.environ)
+    env = dict(os.environ)  # in the app a job's minimal environment already (worker.job_environment)
     env.update(device_env(device))
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -78,6 +79,8 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
         with open(config_path, "w") as fh:
             json.dump(config, fh)
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        proctree.become_subreaper()  # what the script daemonises stays ours, to be stopped below
+        before = set(proctree.descendants(os.getpid()))
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
@@ -87,7 +90,7 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
             except OSError as exc:
                 raise UserError(f"cannot start {script}: {exc}") from None
             timed_out, wall = _wait(proc, timeout_s, result_path, steps, progress)
-            _kill_leftovers(proc)
+            _kill_leftovers(proc, before)
         raw = _read(result_path)
         raw["process"] = {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 3),
                           "stdout_tail": _tail(out_path), "stderr_tail": _tail(err_path)}
@@ -130,12 +133,14 @@ def _stop(proc) -> None:
         pass
 
 
-def _kill_leftovers(proc) -> None:
-    """Processes the script started (DataLoader workers) must not outlive the trace."""
+def _kill_leftovers(proc, before: set[int]) -> None:
+    """Processes the script started (DataLoader workers, a setsid() or double-forked helper) must
+    not outlive the trace: its group, then every process below us that was not there before."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    proctree.kill_new_descendants(before)
 
 
 def _steps_in(result_path: str) -> int:

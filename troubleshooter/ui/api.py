@@ -131,13 +131,13 @@ def trace_run(script: FileData | None = None, args: str = "", steps: float = 20,
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
 
 
-FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain, recipe: cheap, answered beside a job
+FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
 
 
-def register(gpu_queue: dict) -> None:
+def register(gpu_queue: dict, lint_queue: dict) -> None:
     """Publish every endpoint under its documented name (inside a `gr.Blocks`). Jobs that use
-    a device share the page's GPU queue (`gpu_queue`: concurrency_id + limit)."""
-    gr.api(lint, api_name="lint", **FAST)
+    a device share the page's GPU queue, lints the page's lint queue (concurrency_id + limit)."""
+    gr.api(lint, api_name="lint", **lint_queue)
     gr.api(rules, api_name="rules", **FAST)
     gr.api(check_model, api_name="check", **gpu_queue)
     gr.api(inspect, api_name="inspect", **FAST)

@@ -6,6 +6,7 @@ usable.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -28,29 +29,44 @@ def _mib(n: float) -> str:
 
 
 def upload_path(upload) -> str | None:
-    """Gradio hands a filepath str (page components) or a FileData dict/object (API endpoints);
-    normalise to a str. A FileData path must lie in Gradio's upload folder: an API caller names
-    it, and must not make the server read its own files."""
+    """The server path of a file the caller uploaded, or None when nothing was given.
+
+    Gradio hands page components a filepath str and API endpoints a FileData dict/object; a raw
+    HTTP caller can put any string or dict there. Whatever the form, the file must lie in Gradio's
+    upload folder (where an upload lands, under a directory named by a hash of its content and
+    this server's secret seed): a path naming any other server file is refused, so a caller can
+    read only what it uploaded itself."""
     if upload is None or upload == "":
         return None
     if isinstance(upload, (str, os.PathLike)):
-        return str(upload)
-    if isinstance(upload, dict):
+        path = os.fspath(upload)
+    elif isinstance(upload, dict):
         path = upload.get("path")
     else:
         path = getattr(upload, "path", None) or getattr(upload, "name", None)
     if not path:
         return None
-    return _in_upload_folder(str(path))
+    if not isinstance(path, str):
+        raise UserError("a file must be sent as an upload (gradio_client.handle_file, or send it to "
+                        "Gradio's upload endpoint first and pass the path it returns)")
+    return _in_upload_folder(path)
+
+
+def upload_folder() -> str:
+    """Gradio's upload folder (GRADIO_TEMP_DIR, else <tmp>/gradio), resolved."""
+    from gradio.utils import get_upload_folder
+
+    return os.path.realpath(get_upload_folder())
 
 
 def _in_upload_folder(path: str) -> str:
-    from gradio.utils import get_upload_folder
-
-    folder = os.path.realpath(get_upload_folder())
+    folder = upload_folder()
     real = os.path.realpath(path)
-    if os.path.commonpath([folder, real]) != folder:
-        raise UserError(f"{Path(path).name}: not an uploaded file (send files with gradio_client.handle_file)")
+    name = Path(path).name or "the file"
+    if folder == os.path.sep or real == folder or os.path.commonpath([folder, real]) != folder:
+        raise UserError(f"{name}: not an uploaded file; this server reads only files uploaded with the "
+                        "request (gradio_client.handle_file, or send the file to Gradio's upload endpoint "
+                        "first and pass the path it returns)")
     return real
 
 
@@ -194,11 +210,30 @@ def error_markdown(exc_or_text: BaseException | str, title: str = "Error") -> st
     return f"> **{title}**\n{body}\n"
 
 
+_ROOT_PREFIX = "amp-troubleshooter-downloads-"
+UPLOAD_CACHE_CLEANUP = (900, 2 * 3600)  # gr.Blocks(delete_cache=...): every 15 min, uploads older than 2 h
+
+
 def _root() -> Path:
+    """This server's scratch root (downloads, staged specs and scripts): removed when the server
+    exits; roots that crashed servers left behind are removed once older than the TTL."""
     global _download_root
     if _download_root is None or not _download_root.is_dir():
-        _download_root = Path(tempfile.mkdtemp(prefix="amp-troubleshooter-downloads-"))
+        _remove_stale_roots()
+        _download_root = Path(tempfile.mkdtemp(prefix=_ROOT_PREFIX))
+        atexit.register(shutil.rmtree, str(_download_root), True)
     return _download_root
+
+
+def _remove_stale_roots() -> None:
+    cutoff = time.time() - _DOWNLOAD_TTL_S
+    for old in Path(tempfile.gettempdir()).glob(_ROOT_PREFIX + "*"):
+        try:
+            if old.is_dir() and not old.is_symlink() and old.stat().st_mtime < cutoff \
+                    and all(p.stat().st_mtime < cutoff for p in old.iterdir()):
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def download_root() -> Path:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,19 +38,31 @@ def _lint_source():
     return source
 
 
-def read_script(code: str | None, upload) -> ScriptInput:
-    """The upload if there is one, else the pasted code, through `lint.source` exactly as the CLI
-    reads files: PEP 263 coding lines, its 2 MB limit, notebooks as one unit of code cells."""
-    src = _lint_source()
+def upload_bytes(upload) -> tuple[bytes | None, str | None]:
+    """In the server: the uploaded script's bytes and the name the user gave it (None, None when
+    nothing was uploaded). Only a file the caller uploaded, of a script kind, and no bigger than
+    the linter reads (refused before it is read)."""
     path = common.upload_path(upload)
-    if path:
-        name = common.display_name(path)
-        suffix = Path(name).suffix.lower()
-        if suffix not in SCRIPT_KINDS:
-            raise UserError(f"{name}: expected a Python script or notebook (.py, .ipynb), "
-                            f"got a '{suffix or 'no extension'}' file")
-        common.check_size(path, SETTINGS.max_file_bytes)
-        data = common.read_upload_bytes(path)
+    if not path:
+        return None, None
+    name = common.display_name(path)
+    suffix = Path(name).suffix.lower()
+    if suffix not in SCRIPT_KINDS:
+        raise UserError(f"{name}: expected a Python script or notebook (.py, .ipynb), "
+                        f"got a '{suffix or 'no extension'}' file")
+    limit = _lint_source().MAX_BYTES
+    size = common.check_size(path, SETTINGS.max_file_bytes)
+    if size > limit:
+        raise UserError(f"{name}: file is {size / 1e6:.1f} MB; the linter reads files up to "
+                        f"{limit // (1024 * 1024)} MB (split it, or lint the training script itself)")
+    return common.read_upload_bytes(path), name
+
+
+def read_script(code: str | None, data: bytes | None, name: str | None) -> ScriptInput:
+    """The upload's bytes if there are any, else the pasted code, through `lint.source` exactly as
+    the CLI reads files: PEP 263 coding lines, its 2 MB limit, notebooks as one unit of code cells."""
+    src = _lint_source()
+    if data is not None:
         try:
             unit = src.unit_from_bytes(data, name)
         except ValueError as exc:
@@ -123,12 +136,59 @@ def report_markdown(findings: list[Finding], errors: list, name: str) -> str:
     return md
 
 
+LINT_TIMEOUT_S = 120.0  # a 2 MB script lints in seconds; beyond this a lint is stuck
+LINT_SLOTS = max(2, min(4, (os.cpu_count() or 2) // 2))  # lints at once, each in its own process
+LINT_PRELOAD = ("troubleshooter.lint.engine", "troubleshooter.lint.fix")
+_lint_pool = None
+
+
 def lint_script(code: str | None, upload, select: str | None = None, ignore: str | None = None) -> dict:
     """Lint the input; everything the tab and the `lint` API show, as plain values.
-    `select`/`ignore`: comma-separated rule ids or prefixes, as `lint --select/--ignore`."""
+    `select`/`ignore`: comma-separated rule ids or prefixes, as `lint --select/--ignore`.
+
+    The server reads the upload (it alone may look in the upload folder); the linting itself runs
+    in a worker process of its own (`analyse`), so a hostile or huge script costs that process,
+    not the server: many lints at once neither stall the page (the parser holds the interpreter
+    lock) nor share CPython's AST-converter state, and each ends within LINT_TIMEOUT_S."""
+    data, name = upload_bytes(upload)
+    result = _lint_in_worker(code, data, name, select, ignore)
+    stem = Path(result["name"]).stem or "script"
+    result["md_path"] = common.write_download(f"{stem}_amp_report.md", result["markdown"])
+    result["json_path"] = common.write_download(f"{stem}_amp_report.json",
+                                                json.dumps(result["report"], indent=2, default=str))
+    fixed_file = result.pop("fixed_file", None)  # the corrected script in its declared encoding
+    if fixed_file is not None:
+        result["fixed_path"] = common.write_download(f"{stem}_amp_fixed.py", fixed_file)
+        result["diff_path"] = common.write_download(f"{stem}_amp_fixes.diff", result["diff"] or "")
+    return result
+
+
+def _lint_in_worker(code, data, name, select, ignore) -> dict:
+    from ..worker import WarmPool
+
+    global _lint_pool
+    if _lint_pool is None:
+        _lint_pool = WarmPool(preload=LINT_PRELOAD)
+    return _lint_pool.run("lint", analyse, code, data, name, select, ignore, timeout_s=LINT_TIMEOUT_S)
+
+
+def prepare_lint_worker() -> None:
+    """Start the lint standby now (the app calls this at start), so the first lint starts warm."""
+    from ..worker import WarmPool
+
+    global _lint_pool
+    if _lint_pool is None:
+        _lint_pool = WarmPool(preload=LINT_PRELOAD)
+    _lint_pool.prepare("lint")
+
+
+def analyse(code: str | None, data: bytes | None, name: str | None, select: str | None = None,
+            ignore: str | None = None) -> dict:
+    """Runs in the lint worker: read, lint and fix; the result, without the download files (the
+    server writes those)."""
     from ..lint.engine import active_rules, lint_unit
 
-    script = read_script(code, upload)
+    script = read_script(code, data, name)
     name, unit = script.name, script.unit
     lint = _lint()
     report = lint_unit(unit, active_rules((select or "").strip() or None, (ignore or "").strip() or None))
@@ -136,7 +196,6 @@ def lint_script(code: str | None, upload, select: str | None = None, ignore: str
     errors = list(report.errors)
     payload = report.to_dict()
     md = report_markdown(findings, errors, name)
-    stem = Path(name).stem or "script"
     notebook = name.lower().endswith(".ipynb")
     result = {
         "name": name,
@@ -146,8 +205,7 @@ def lint_script(code: str | None, upload, select: str | None = None, ignore: str
         "markdown": md,
         "errors": _errors_text(errors),
         "summary": summary_line(findings, errors, name, script.note),
-        "md_path": common.write_download(f"{stem}_amp_report.md", md),
-        "json_path": common.write_download(f"{stem}_amp_report.json", json.dumps(payload, indent=2, default=str)),
+        "md_path": None, "json_path": None,
         "fixed_text": None, "diff": None, "fixed_path": None, "diff_path": None, "applied": [],
         "rules_found": sorted({f.rule for f in findings}),
         "notebook": notebook,
@@ -158,11 +216,8 @@ def lint_script(code: str | None, upload, select: str | None = None, ignore: str
                               ignore=(ignore or "").strip() or None)
         applied = list(fixed.applied or [])
         if applied and fixed.fixed_text != unit.text:
-            result.update(
-                fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[_describe_fix(a) for a in applied],
-                fixed_path=common.write_download(f"{stem}_amp_fixed.py", _encoded(fixed.fixed_text, script.encoding)),
-                diff_path=common.write_download(f"{stem}_amp_fixes.diff", fixed.diff or ""),
-            )
+            result.update(fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[_describe_fix(a) for a in applied],
+                          fixed_file=_encoded(fixed.fixed_text, script.encoding))
     return result
 
 

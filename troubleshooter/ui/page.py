@@ -22,7 +22,13 @@ def gpu_queue() -> dict:
     return dict(concurrency_id="gpu", concurrency_limit=host.gpu_slots())
 
 
-FAST = dict(concurrency_limit=8)  # lint, questionnaire, explain: cheap and concurrent
+FAST = dict(concurrency_limit=8)  # questionnaire, explain, rules, inspect: cheap, each its own queue
+
+
+def lint_queue() -> dict:
+    """Lint (page and API) shares a few slots of its own: each lint runs in a worker process, and
+    a flood of big scripts waits here, beside the other queues, instead of stalling them."""
+    return dict(concurrency_id="lint", concurrency_limit=diagnose.LINT_SLOTS)
 
 
 def page(name: str) -> dict:
@@ -107,7 +113,7 @@ def _diagnose_tab() -> None:
 
     outputs = [status, table, md_file, json_file, rule, fixed_note, fixed_code, diff, fixed_file, diff_file,
                row_rules, lint_rows]
-    run.click(page_event(lint_and_keep, len(outputs)), [code, upload], outputs, **FAST, **page("ui_lint"))
+    run.click(page_event(lint_and_keep, len(outputs)), [code, upload], outputs, **lint_queue(), **page("ui_lint"))
     table.select(row_select(diagnose.rule_at), [row_rules], [rule], **FAST, **page("ui_pick_rule"))
     rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation],
                 **FAST, **page("ui_explain_rule"))
@@ -327,7 +333,9 @@ def _safe(fn, default):
 def build_demo() -> gr.Blocks:
     """The page and its API, built with the settings in force (`server.SETTINGS`)."""
     info = host.host_info()
-    with gr.Blocks(title="AMP Troubleshooter") as blocks:
+    from .common import UPLOAD_CACHE_CLEANUP
+
+    with gr.Blocks(title="AMP Troubleshooter", delete_cache=UPLOAD_CACHE_CLEANUP) as blocks:
         gr.Markdown("# AMP Troubleshooter\nDiagnose and fix PyTorch FP16/BF16 mixed-precision training.")
         gr.Markdown(f"**This server:** {info['summary']} · uploaded Python files: "
                     + ("**run** on request, in a child process with a time limit" if SETTINGS.allow_exec
@@ -342,8 +350,10 @@ def build_demo() -> gr.Blocks:
                 _questionnaire_tab()
             with gr.Tab("Speedup check", id="speedup"):
                 _speedup_tab()
-        api.register(gpu_queue())
-    blocks.queue(default_concurrency_limit=8, max_size=64)  # a flood gets "queue full", not a stalled server
+        api.register(gpu_queue(), lint_queue())
+    # Every event has its own queue (jobs: "gpu", lint: "lint", the rest one each); no global cap:
+    # with one, a backlog of jobs made even /rules answer "Queue is full".
+    blocks.queue(default_concurrency_limit=8, max_size=None)
     return blocks
 
 
@@ -353,6 +363,7 @@ def warm_workers() -> None:
 
     for key in {host.device_key(d) for d in host_info_devices()}:
         POOL.prepare(key)
+    diagnose.prepare_lint_worker()
 
 
 def host_info_devices() -> list[str]:
@@ -368,6 +379,9 @@ def serve(settings) -> int:
     if not server.is_loopback(settings.host) and settings.auth is None:
         print(f"warning: serving on {settings.host} without --auth: anyone who can reach the port can use it",
               file=sys.stderr)
+    from .procsecrets import hide_server_secrets
+
+    hide_server_secrets(settings.auth, server.AUTH_ENV)  # /proc of this process shows no password or key
     demo = build_demo()
     warm_workers()
     demo.launch(**server.launch_kwargs(settings), css=CSS)

@@ -5,9 +5,9 @@ so the page shows exactly what `ask` asks; this module maps them to controls and
 """
 from __future__ import annotations
 
-import json
 import re
 
+from ..bounded import load_json
 from ..errors import UserError
 from . import common, recipe
 from .server import SETTINGS
@@ -98,24 +98,34 @@ _LABEL = {"bf16": "BF16 (autocast, no loss scaling)", "fp16": "FP16 with GradSca
 
 
 def decision_markdown(d: dict) -> str:
+    """The recommendation as Markdown. Every text in it may repeat what the user typed (the GPU
+    answer is quoted in the device line and the reasons), so each is escaped: a GPU answer of
+    `[click](http://...)` or `<img ...>` shows as typed, never as a link or markup."""
+    esc = common.md_escape
     precision = str(d.get("precision", "?"))
-    lines = [f"## Recommendation: {_LABEL.get(precision, precision.upper())}"]
+    lines = [f"## Recommendation: {esc(_LABEL.get(precision, precision.upper()))}"]
     if d.get("device"):
-        lines.append(f"*for {d['device']}*")
+        lines.append(f"*for {esc(d['device'])}*")
     if d.get("gpu_detected"):
         lines.append(f"*The GPU question was left empty, so this is for the server's own device "
-                     f"({common.md_escape(d['gpu_detected'])}). Type your GPU (e.g. A100) if you train elsewhere.*")
+                     f"({esc(d['gpu_detected'])}). Type your GPU (e.g. A100) if you train elsewhere.*")
     lines += ["", "**Why:**"]
     by_answer = d.get("reasons_by_answer")
     if by_answer:
-        lines += [f"- {r['reason']} *({r['answer']})*" for r in by_answer]
+        lines += [f"- {esc(r['reason'])} *({esc(r['answer'])})*" for r in by_answer]
     else:
-        lines += [f"- {r}" for r in d.get("reasons") or []]
+        lines += [f"- {esc(r)}" for r in d.get("reasons") or []]
     warnings = d.get("warnings") or []
     if warnings:
-        lines += ["", "**Watch out:**"] + [f"- {w}" for w in warnings]
+        lines += ["", "**Watch out:**"] + [f"- {esc(w)}" for w in warnings]
     if d.get("symptoms_from_log"):
-        lines += ["", "Symptoms read from the pasted log: " + ", ".join(d["symptoms_from_log"])]
+        lines += ["", "Symptoms read from the pasted log: " + esc(", ".join(map(str, d["symptoms_from_log"])))]
+    if d.get("fp8"):
+        lines += ["", "**FP8 (optional, on top of bf16):**"] + [f"- {t}" for t in d["fp8"]["advice"]]
+    settings = d.get("framework_settings")
+    if settings:
+        lines += ["", f"**{settings['framework']} settings** (`{settings['file']}`):", "",
+                  f"```{settings['format']}", settings["text"].rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -230,7 +240,7 @@ def parse_answers(answers) -> dict:
     if answers is None or not str(answers).strip():
         raise UserError('answers must be a JSON object, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}')
     try:
-        value = json.loads(answers)
+        value = load_json(str(answers), "answers")
     except ValueError as exc:
         raise UserError(f'answers must be a JSON object, e.g. {{"gpu": "A100"}}: {exc}') from None
     if not isinstance(value, dict):

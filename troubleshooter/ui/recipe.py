@@ -1,8 +1,8 @@
 """Recipe builder: the training-loop generator's options as controls, the rendered loop, its file."""
 from __future__ import annotations
 
-import json
 
+from ..bounded import load_json
 from ..errors import UserError
 from . import common
 
@@ -67,7 +67,7 @@ def parse_options(options) -> dict:
     if isinstance(options, dict):
         return dict(options)
     try:
-        value = json.loads(options)
+        value = load_json(str(options), "options")
     except ValueError as exc:
         raise UserError(f"options must be a JSON object like {_EXAMPLE}: {exc}") from None
     if not isinstance(value, dict):

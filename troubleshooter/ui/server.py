@@ -9,12 +9,14 @@ import argparse
 import ipaddress
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from ..errors import UserError
 
 AUTH_ENV = "AMP_TROUBLESHOOTER_AUTH"
 DEFAULT_MAX_FILE_MB = 100.0
+MIN_JOB_MEMORY_MB = 512.0
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Settings:
     allow_exec: bool = False  # only then may uploaded Python model files run (in a child process)
     max_file_mb: float = DEFAULT_MAX_FILE_MB
     job_timeout_s: float = 600.0  # wall-clock limit of one check/speedup job in its worker
+    job_memory_mb: float = 0.0  # RLIMIT_DATA of each job process; 0: no limit
     max_nproc: int = 2  # most torch.distributed ranks one trace/check may start (the host bounds it too)
 
     @property
@@ -52,6 +55,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _is_ipv6_literal(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).version == 6
+    except ValueError:
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python app.py",
@@ -69,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest upload accepted, in MiB (default {DEFAULT_MAX_FILE_MB:g})")
     p.add_argument("--job-timeout", type=float, default=600.0, metavar="S",
                    help="time limit of one check or speedup job, in seconds (default 600)")
+    p.add_argument("--job-memory-mb", type=float, default=0.0, metavar="MB",
+                   help="memory limit of each job process (RLIMIT_DATA), in MiB; at least "
+                        f"{MIN_JOB_MEMORY_MB:g} (PyTorch alone needs about 300); default 0: no limit")
     p.add_argument("--max-nproc", type=int, default=2, metavar="N",
                    help="most processes (torch.distributed ranks) one trace or check may start; the host's CPU "
                         "cores, or GPUs for GPU jobs, bound it too (default 2; 1 turns multi-process runs off)")
@@ -79,6 +92,9 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
     """Parse arguments into `Settings`; bad values raise `UserError` with a readable message."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    if _is_ipv6_literal(args.host):
+        raise UserError(f"--host {args.host}: Gradio cannot serve on an IPv6 address literal (it writes the URL "
+                        "without brackets); use a host name such as localhost, or an IPv4 address")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be between 1 and 65535, not {args.port}")
     if not args.max_file_mb > 0:
@@ -87,15 +103,34 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         raise UserError(f"--job-timeout must be positive, not {args.job_timeout:g}")
     if args.max_nproc < 1:
         raise UserError(f"--max-nproc must be at least 1, not {args.max_nproc}")
+    if args.job_memory_mb and not args.job_memory_mb >= MIN_JOB_MEMORY_MB:
+        raise UserError(f"--job-memory-mb must be 0 (no limit) or at least {MIN_JOB_MEMORY_MB:g}, "
+                        f"not {args.job_memory_mb:g}: a job imports PyTorch, which alone needs about 300 MiB")
+
     auth_text = args.auth if args.auth is not None else environ.get(AUTH_ENV)
     auth = parse_auth(auth_text) if auth_text else None
+    _check_upload_folder(environ.get("GRADIO_TEMP_DIR"))
     if args.allow_exec and not is_loopback(args.host) and auth is None:
         raise UserError(
             "--allow-exec on a non-loopback address needs --auth USER:PASS "
             f"(or {AUTH_ENV}): otherwise anyone who can reach the port can run code here"
         )
     return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
-                    max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout, max_nproc=args.max_nproc)
+                    max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout,
+                    job_memory_mb=args.job_memory_mb, max_nproc=args.max_nproc)
+
+
+def _check_upload_folder(folder: str | None) -> None:
+    """The app reads any file in Gradio's upload folder as the caller's upload, so that folder must
+    hold uploads only: not the system's temporary folder, a home, or a folder above this code."""
+    if not folder:
+        return  # Gradio's default, <tmp>/gradio
+    real = os.path.realpath(folder)
+    broad = {os.path.sep, os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~"))}
+    package = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    if real in broad or os.path.commonpath([real, package]) == real or os.path.commonpath([real, os.getcwd()]) == real:
+        raise UserError(f"GRADIO_TEMP_DIR={folder} is too broad: the app treats every file in Gradio's upload "
+                        "folder as an upload, so point it at a folder of its own (e.g. /tmp/gradio)")
 
 
 def settings_or_exit(argv: list[str] | None = None) -> Settings:
@@ -108,16 +143,30 @@ def settings_or_exit(argv: list[str] | None = None) -> Settings:
 
 
 def apply(settings: Settings) -> None:
-    """Make `settings` the ones every callback reads."""
+    """Make `settings` the ones every callback reads, and the limits every job process gets: the
+    memory limit, and a minimal environment (`worker.job_environment`) in place of the server's,
+    which may hold the login password and cloud keys."""
+    from .. import worker
+
     for name, value in vars(settings).items():
         setattr(SETTINGS, name, value)
+    worker.LIMITS.memory_mb = settings.job_memory_mb or None
+    worker.LIMITS.clean_env = True
 
 
 def launch_kwargs(settings: Settings) -> dict:
     """Keyword arguments for `demo.launch` (gradio 6: theme/css also go here)."""
     from .common import download_root
 
+    extra = {}
+    if settings.auth is not None:  # routes Gradio serves without its login check get one
+        from starlette.middleware import Middleware
+
+        from .guard import LoginForUnguardedRoutes
+
+        extra["app_kwargs"] = {"middleware": [Middleware(LoginForUnguardedRoutes)]}
     return {
+        **extra,
         "server_name": settings.host,
         "server_port": settings.port,
         "auth": settings.auth,

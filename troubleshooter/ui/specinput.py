@@ -9,8 +9,6 @@ import os
 import shutil
 from pathlib import Path
 
-import yaml
-
 from ..errors import UserError
 from . import common
 from .server import SETTINGS
@@ -80,19 +78,23 @@ def _weights_dir(weights_upload) -> str:
 
 
 def _confine_weights(text: str, folder: str) -> None:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return  # the spec loader reports the syntax error with its line
-    weights = data.get("weights") if isinstance(data, dict) else None
-    if weights is None:
-        return
-    w = str(weights)
-    if os.path.isabs(os.path.expanduser(w)) or ".." in Path(w).parts:
-        raise UserError(f"weights: {w!r}: in the web app the weights file must be uploaded beside the spec "
+    """Read the spec with the bounded loader (an alias bomb is refused here, before any value is
+    built) and refuse a `weights:` path that leaves the spec's own upload folder."""
+    data, _ = _spec_yaml().parse_yaml(text)
+    weights = data.get("weights")
+    if not isinstance(weights, str):
+        return  # absent, or not a path: the schema says so with its line
+    if os.path.isabs(os.path.expanduser(weights)) or ".." in Path(weights).parts:
+        raise UserError(f"weights: {weights!r}: in the web app the weights file must be uploaded beside the spec "
                         "and named by its file name only")
-    if not os.path.exists(os.path.join(folder, w)):
-        raise UserError(f"the spec names weights {w!r}: upload that file in the 'weights' box too")
+    if not os.path.exists(os.path.join(folder, weights)):
+        raise UserError(f"the spec names weights {weights!r}: upload that file in the 'weights' box too")
+
+
+def _spec_yaml():
+    from ..spec import yamlspec
+
+    return yamlspec
 
 
 def yaml_source(text: str | None, weights_upload=None):
@@ -113,6 +115,10 @@ def upload_source(upload, weights_upload=None):
     suffix = Path(name).suffix.lower()
     spec = _spec()
     if suffix in (".yaml", ".yml"):
+        limit = _spec_yaml().MAX_SPEC_BYTES
+        if os.path.getsize(path) > limit:  # refused before reading it, let alone parsing it
+            raise UserError(f"{name} is {os.path.getsize(path):,} bytes, over the limit of {limit:,} for a "
+                            "model spec (a layer stack is a few KiB)")
         text = common.read_text_upload(path, SETTINGS.max_file_bytes, SPEC_KINDS, "a model spec")
         return yaml_source(text, weights_upload)
     if suffix == ".py":
@@ -157,8 +163,9 @@ def is_python(source) -> bool:
 
 
 def validate(source) -> None:
-    """Load a YAML/preset spec here, on the meta device (nothing real is allocated), so a bad
-    spec is reported at once instead of after starting a worker process. Python files are
-    never imported in the server: they are validated inside their own child process."""
+    """What can be refused without building the model (`spec.precheck`: hostile or malformed YAML,
+    bad preset parameters, a preset too big by its computed size), answered in the server before
+    a job is queued. The model itself is built only in the job, under the job's time limit, and
+    Python files are only ever imported in their own child process."""
     if not is_python(source):
-        _spec().load_workload(source)
+        _spec().precheck(source)

@@ -87,7 +87,16 @@ def run(code: str | None, upload, args: str | None = "", steps=20, device: str =
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
                           limit_s=limit, cwd=str(script.parent), nproc=ranks)
-    return public_result(result, script.name, str(script.parent))
+    return _memory_note(public_result(result, script.name, str(script.parent)))
+
+
+def _memory_note(result: dict) -> dict:
+    """Say so when the script failed for want of memory under the server's per-job limit."""
+    exc = (result.get("exit") or {}).get("exception") or {}
+    if SETTINGS.job_memory_mb and (exc.get("type") == "MemoryError" or "can't allocate memory" in str(exc.get("message"))):
+        result["note"] = (f"the script ran out of memory: this server lets a job use at most "
+                          f"{SETTINGS.job_memory_mb:g} MiB")
+    return result
 
 
 def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None,
@@ -150,6 +159,8 @@ def summary_markdown(result: dict) -> str:
         lines.append(f"Precision in effect{note}: {common.md_escape(precision['summary'])}.")
     if ex.get("exception"):
         lines.append(common.error_markdown(str(ex["exception"]), title="The script stopped with"))
+    if result.get("note"):
+        lines.append(f"**{common.md_escape(result['note'])}**")
     skipped = result.get("skipped_steps") or []
     if result.get("scale"):
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from .astutil import (chain_base, dict_like, func_tail, grad_of, is_false, is_grad_read, is_true, kw_is_false,
                       kwarg, names_in, peel, receiver, tail, text, walk)
 from .autocast import Autocast
-from .events import (BACKWARD, CALL, CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
+from .events import (BACKWARD, CALL, CLIP, FW_CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
                      SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, EventKind, Guard, Loop, Scope, compatible,
                      cond_key)
 from .model import FileModel, Memo
@@ -30,7 +30,7 @@ from .walker import Walker, accum_count
 
 __all__ = [
     "Autocast", "BACKWARD", "BF16_DTYPES", "CALL", "CLIP", "CLIP_NAMES", "DEPRECATED", "EVAL_FUNC_RE", "Event",
-    "EventKind", "FP16_DTYPES", "FP32_DTYPES", "FileModel", "GET_SCALE", "GRAD", "Guard", "HELPER_BACKWARD", "HELPER_OPT_STEP", "Loop",
+    "EventKind", "FP16_DTYPES", "FP32_DTYPES", "FW_CLIP", "FileModel", "GET_SCALE", "GRAD", "Guard", "HELPER_BACKWARD", "HELPER_OPT_STEP", "Loop",
     "MANAGED_RE", "Memo", "Names", "OPT_NAME_RE", "OPTIMIZER_CLASSES", "OPT_STEP", "SAVE", "SCALE", "SCALER_STEP",
     "SCHED_NAME_RE", "SCHED_STEP", "Scope", "UNSCALE", "UPDATE", "Walker", "ZEROING", "ZERO_GRAD", "accum_count",
     "chain_base", "compatible", "cond_key", "dict_like", "func_tail", "grad_of", "is_false", "is_grad_read",

@@ -28,6 +28,7 @@ class EventKind(str, Enum):
     CALL = "call"
     HELPER_OPT_STEP = "helper_opt_step"  # a call to a local helper that steps an optimizer with no scaler in it
     HELPER_BACKWARD = "helper_backward"  # a call to a local helper that runs an unmanaged backward (a micro-step)
+    FW_CLIP = "fw_clip"  # a framework's own clip/unscale (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`)
 
     __hash__ = str.__hash__  # `kind in {"backward", ...}` keeps working
 
@@ -36,7 +37,7 @@ class EventKind(str, Enum):
 
 
 BACKWARD, UNSCALE, CLIP, GRAD, OPT_STEP, SCALER_STEP, UPDATE, SCHED_STEP, SAVE, SCALE, GET_SCALE, ZERO_GRAD, CALL, \
-    HELPER_OPT_STEP, HELPER_BACKWARD = tuple(EventKind)
+    HELPER_OPT_STEP, HELPER_BACKWARD, FW_CLIP = tuple(EventKind)
 
 
 @dataclass

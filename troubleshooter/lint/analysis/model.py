@@ -45,6 +45,7 @@ class FileModel(Roles, AutocastResolution):
         self.lines = source.splitlines()
         self.nodes, self._children = walk_indexed(tree)
         self.memo = Memo()
+        self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
         self.names = Names(self.nodes)
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values

@@ -6,9 +6,13 @@ import re
 from typing import TYPE_CHECKING
 
 from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
-from .events import (BACKWARD, CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
+from .events import (BACKWARD, CLIP, FW_CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
                      SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
 from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
+
+# A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
+# Lightning's `self.clip_gradients`); lint/frameworks decides which of them unscale first.
+FRAMEWORK_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "unscale_gradients", "clip_gradients"})
 
 if TYPE_CHECKING:
     from .model import FileModel
@@ -204,6 +208,10 @@ class Walker:
             if kind:
                 self._add(kind, c, ctx, recv=rk, arg=c.args[0] if c.args else None)
                 return
+        if t in FRAMEWORK_CLIPS and rk and (MANAGED_RE.search(rk) or (rk == "self" and t == "clip_gradients"
+                                                                       and not m.local_defs(t))):
+            self._add(FW_CLIP, c, ctx, recv=rk)  # the framework unscales (or, Lightning's manual clip, does not)
+            return
         if t in CLIP_NAMES:
             if rk and MANAGED_RE.search(rk):
                 return

@@ -25,6 +25,7 @@ class Preset:
     seq_len: Callable[[dict], int | None] = lambda cfg: None
     flops_per_step: Callable[[dict, int], float] | None = None  # (cfg, n_params) -> fwd+bwd FLOPs
     choices: dict[str, tuple] = field(default_factory=dict)  # allowed values of str parameters
+    size: Callable[[dict], tuple[int, int]] | None = None  # cfg -> (parameters, modules), without building
 
 
 # The names, without importing torch (for --help); test_spec_presets checks they match the registry.

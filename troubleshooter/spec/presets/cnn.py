@@ -71,6 +71,31 @@ def validate(cfg: dict) -> list[str]:
     return []
 
 
+def _block(c_in: int, c_out: int, stride: int) -> tuple[int, int]:
+    """(parameters, modules) of one BasicBlock."""
+    params, modules = 9 * c_in * c_out + 9 * c_out * c_out + 4 * c_out, 7  # block, conv1, bn1, relu1, conv2, bn2, relu2
+    if stride != 1 or c_in != c_out:
+        return params + c_in * c_out + 2 * c_out, modules + 3  # shortcut Sequential(conv, bn)
+    return params, modules + 1  # shortcut Identity
+
+
+def size(cfg: dict) -> tuple[int, int]:
+    """(parameters, modules) computed from cfg alone (per stage, not per block: blocks_per_stage
+    may be huge): refused before building when too big."""
+    width, blocks = cfg["width"], cfg["blocks_per_stage"]
+    params, modules = 9 * cfg["in_channels"] * width + 2 * width, 1 + 4  # the ResNet, stem Sequential(conv, bn, relu)
+    c_in = width
+    for s in range(cfg["stages"]):
+        c_out = width * 2 ** s
+        first = _block(c_in, c_out, 2 if s > 0 else 1)
+        rest = _block(c_out, c_out, 1)
+        params += first[0] + (blocks - 1) * rest[0]
+        modules += 1 + first[1] + (blocks - 1) * rest[1]
+        c_in = c_out
+    params += c_in * cfg["num_classes"] + cfg["num_classes"]
+    return params, modules + 1 + 3  # stages Sequential, pool, flatten, fc
+
+
 PRESET = Preset(
     name="cnn",
     description="small ResNet-style image classifier: conv stem, residual stages, linear head",
@@ -80,4 +105,5 @@ PRESET = Preset(
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,
     validate=validate,
+    size=size,
 )

@@ -6,7 +6,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
-from .transformer import Block, check_heads, init_weights
+from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
 
 
 class TextEncoder(nn.Module):
@@ -77,6 +77,21 @@ def validate_vit(cfg: dict) -> list[str]:
     return problems
 
 
+def bert_size(cfg: dict) -> tuple[int, int]:
+    """(parameters, modules) computed from cfg alone: refused before building when too big."""
+    d, layers, classes = cfg["d_model"], cfg["n_layer"], cfg["num_classes"]
+    params = (cfg["vocab_size"] + cfg["seq_len"]) * d + layers * block_params(d) + 2 * d + d * classes + classes
+    return params, 6 + layers * BLOCK_MODULES
+
+
+def vit_size(cfg: dict) -> tuple[int, int]:
+    d, layers, classes, p = cfg["d_model"], cfg["n_layer"], cfg["num_classes"], cfg["patch_size"]
+    patches = (cfg["image_size"] // p) ** 2
+    params = (cfg["in_channels"] * p * p * d + d + d + (patches + 1) * d + layers * block_params(d)
+              + 2 * d + d * classes + classes)
+    return params, 5 + layers * BLOCK_MODULES
+
+
 BERT = Preset(
     name="bert",
     description="BERT-like text encoder (bidirectional attention) classifying each sequence",
@@ -87,6 +102,7 @@ BERT = Preset(
     loss_fn=batches.cross_entropy_last_dim,
     validate=check_heads,
     seq_len=lambda cfg: cfg["seq_len"],
+    size=bert_size,
 )
 
 VIT = Preset(
@@ -98,4 +114,5 @@ VIT = Preset(
     make_batch=vit_batch,
     loss_fn=batches.cross_entropy_last_dim,
     validate=validate_vit,
+    size=vit_size,
 )

@@ -6,7 +6,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
-from .transformer import Block, check_heads, init_weights
+from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
 
 
 class GPT(nn.Module):
@@ -48,6 +48,13 @@ def flops_per_step(cfg: dict, n_params: int) -> float:
     return float(tokens * (6 * n + 12 * cfg["n_layer"] * cfg["d_model"] * cfg["seq_len"]))
 
 
+def size(cfg: dict) -> tuple[int, int]:
+    """(parameters, modules) computed from cfg alone: refused before building when too big."""
+    d, layers = cfg["d_model"], cfg["n_layer"]
+    params = (cfg["vocab_size"] + cfg["seq_len"]) * d + layers * block_params(d) + 2 * d  # lm_head is tied
+    return params, 7 + layers * BLOCK_MODULES
+
+
 PRESET = Preset(
     name="gpt",
     description="decoder-only transformer language model (GPT-2 style, causal attention, tied embeddings)",
@@ -59,4 +66,5 @@ PRESET = Preset(
     validate=check_heads,
     seq_len=lambda cfg: cfg["seq_len"],
     flops_per_step=flops_per_step,
+    size=size,
 )

@@ -56,6 +56,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+BLOCK_MODULES = 11  # Block, ln1, attn, qkv, proj, ln2, mlp, fc, act, proj, drop
+
+
+def block_params(d: int) -> int:
+    """Parameters of one Block of width d: qkv 3d²+3d, proj d²+d, fc 4d²+4d, proj 4d²+d, two LayerNorms 4d."""
+    return 12 * d * d + 13 * d
+
+
 def check_heads(cfg: dict) -> list[str]:
     if cfg["d_model"] % cfg["n_head"]:
         return [f"d_model {cfg['d_model']} is not divisible by n_head {cfg['n_head']}"]
