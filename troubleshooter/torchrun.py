@@ -10,8 +10,10 @@ and its result to CONFIG["result"] with `{rank}` filled in. torchrun
 starts every rank in a session of its own, so stopping torchrun's process group does not stop the
 ranks: each rank writes a hello file (pid, main thread) before the script starts, and this module
 stops ranks by their own process groups (their DataLoader workers with them), finds any rank that
-had not said hello yet by its command line (it holds this run's unique config path), and checks
-that nothing of the run is left.
+had not said hello yet by its command line (it holds this run's unique config path), and at the
+end kills every process the run left below it (`proctree`: this process is a child subreaper, so a
+rank whose torchrun died, or a worker that called setsid(), is still ours), then checks that
+nothing of the run is left.
 
 A rank that raises, exits non-zero or dies is named; the others get FOLLOW_S to end on their own
 (with gloo a peer's exit often makes them raise too), then each has its Python stack dumped
@@ -32,6 +34,7 @@ import tempfile
 import time
 from typing import Callable
 
+from . import proctree
 from .errors import UserError
 from .trace.locate import is_user_file
 from .trace.runner import _PACKAGE_ROOT, _tail, device_env
@@ -113,13 +116,15 @@ def run_ranks(module: str, config: dict, nproc: int, timeout_s: float, cwd: str,
         log_dir = os.path.join(tmp, "logs")
         command = launcher_command(nproc, module, config_path, log_dir)
         out_path, err_path = os.path.join(tmp, "launcher.stdout"), os.path.join(tmp, "launcher.stderr")
+        proctree.become_subreaper()  # ranks (sessions of their own) and what they start stay below us
+        before = set(proctree.descendants(os.getpid()))
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True)
             except OSError as exc:
                 raise UserError(f"cannot start torch.distributed.run: {exc}") from None
-            watch = _Watch(proc, tmp, nproc, config_path, timeout_s, progress, steps)
+            watch = _Watch(proc, tmp, nproc, config_path, timeout_s, progress, steps, before)
             try:
                 watch.run()
             finally:
@@ -137,8 +142,10 @@ def run_ranks(module: str, config: dict, nproc: int, timeout_s: float, cwd: str,
 class _Watch:
     """The supervision loop: who said hello, who ended how, when to stop whom."""
 
-    def __init__(self, proc, folder: str, nproc: int, config_path: str, timeout_s: float, progress, steps: int):
+    def __init__(self, proc, folder: str, nproc: int, config_path: str, timeout_s: float, progress, steps: int,
+                 before: set[int]):
         self.proc, self.folder, self.nproc, self.config_path = proc, folder, nproc, config_path
+        self.before = before  # our descendants before the launch: not the run's
         self.timeout_s, self.progress, self.steps = timeout_s, progress, steps
         self.hello: dict[int, dict] = {}
         self.ended: dict[int, dict] = {}  # rank -> {"status", "time"} from its state file
@@ -226,9 +233,9 @@ class _Watch:
         starting = [r for r in ranks if r not in self.hello]
         if starting:
             said = {h["pid"] for h in self.hello.values()}
-            for pid in _pids_with(self.config_path):
-                if pid != self.proc.pid and pid not in said:
-                    _signal(pid, signal.SIGKILL)
+            for pid in _pids_with(self.config_path):  # torchrun's children not yet ranks that said hello
+                if pid != self.proc.pid and pid not in said and proctree._parent_of(pid) == self.proc.pid:
+                    proctree.kill_tree(pid)
             self.starting.update(starting)
         for r in known:
             _signal(self.hello[r]["pid"], signal.SIGUSR1, group=False)
@@ -252,10 +259,11 @@ class _Watch:
                 self.proc.wait(GRACE_S)  # all ranks ended: torchrun exits on its own
             except subprocess.TimeoutExpired:
                 pass
-        pids = {h["pid"] for h in self.hello.values() if h.get("pid")} | set(_pids_with(self.config_path))
-        for pid in pids:
-            _signal(pid, signal.SIGKILL)
-        _signal(self.proc.pid, signal.SIGKILL)
+        proctree.kill_new_descendants(self.before)  # torchrun, the ranks, their workers, what they daemonised
+        for pid in _pids_with(self.config_path):  # a rank that left our tree (no subreaper on this system)
+            proctree.kill_tree(pid)
+        for r, hello in self.hello.items():
+            _signal(hello["pid"], signal.SIGKILL)  # its process group, should /proc be unreadable
         try:
             self.proc.wait(GRACE_S)
         except subprocess.TimeoutExpired:

@@ -36,13 +36,12 @@ import torch
 
 from ..rank_files import RankFiles
 from .locate import is_user_file, user_frame
-from .on_import import after_import
+from .frameworks import also_after_import as after_import
 
 MAX_FORWARDS = 4000  # training forwards of wrapped models recorded per rank
 MAX_STEPS_LISTED = 50
 FSDP1 = "torch.distributed.fsdp.fully_sharded_data_parallel"
 FSDP2 = "torch.distributed.fsdp._fully_shard._fully_shard"
-SHARDED_SCALER = "torch.distributed.fsdp.sharded_grad_scaler"
 # who ran a collective: the first torch path (relative to torch/) that matches, innermost first
 _CALLERS = (("distributed/fsdp/sharded_grad_scaler.py", "ShardedGradScaler"),
             ("distributed/fsdp/_fully_shard/", "FSDP2"),
@@ -117,7 +116,6 @@ class RankObserver:
         _wrap(ddp, "no_sync", self._make_sync_off("no_sync"))
         after_import(FSDP1, self._patch_fsdp1)
         after_import(FSDP2, self._patch_fsdp2)
-        self._observe_sharded_scaler()
         torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
         torch.nn.modules.module.register_module_forward_hook(self._post_forward)
 
@@ -275,22 +273,6 @@ class RankObserver:
             package = sys.modules.get(name)
             if package is not None and getattr(package, "fully_shard", None) is not None:
                 package.fully_shard = module.fully_shard  # the names a script imports it by
-
-    def _observe_sharded_scaler(self) -> None:
-        """ShardedGradScaler overrides scale/unscale_/update without calling GradScaler's, which the
-        single-process trace wraps: without this a clean FSDP1 loop read as an unscaled backward."""
-        try:
-            from . import frameworks  # the framework layer (issue 23) wraps it when present
-            if SHARDED_SCALER in getattr(frameworks, "PATCHERS", {}):
-                return
-        except ImportError:
-            pass
-        from .patches import _patch_scaler
-
-        def patch(module):
-            cls = module.ShardedGradScaler
-            _patch_scaler(self.rec, cls, only=tuple(n for n in ("scale", "unscale_", "update") if n in vars(cls)))
-        after_import(SHARDED_SCALER, patch)
 
     # -- per forward -------------------------------------------------------------------------
     def _kind(self, cls: type) -> str | None:
