@@ -100,3 +100,16 @@ def test_the_check_tab_shows_the_per_rank_table(fsdp2_planted, monkeypatch):
                                    "float16", "")
     assert len(out) == 11 and "| rank | status |" in out[0] and "FSDP2" in out[0]
     assert out[-1].endswith("check_distributed.json")
+
+
+def test_the_check_ranks_endpoint(fsdp2_planted, monkeypatch):
+    import gradio as gr
+
+    from troubleshooter.ui import api, check as ui_check_module, ranks
+
+    monkeypatch.setattr(ranks, "host_devices", lambda: ["auto", "cpu"])
+    monkeypatch.setattr(ui_check_module, "run_distributed", lambda *a, **k: fsdp2_planted)
+    out = json.loads(api.check_ranks(preset="mlp", device="cpu", nproc=2, wrap="fsdp2"))
+    assert out["distributed"]["nproc"] == 2 and out["exit_code"] == fsdp2_planted["exit_code"]
+    with pytest.raises(gr.Error, match="nproc must be 2 or more"):
+        api.check_ranks(preset="mlp", device="cpu", nproc=1)

@@ -15,6 +15,7 @@ from typing import Callable
 import gradio as gr
 from gradio import FileData
 
+from ..errors import UserError
 from . import check, common, diagnose, questionnaire, recipe, specinput, speedup, trace
 
 
@@ -66,15 +67,10 @@ def rules(rule_id: str = "") -> tuple[str, str]:
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
                 checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
-                budget_s: float = check.DEFAULT_UI_BUDGET_S, nproc: float = 1, wrap: str = "ddp",
-                param_dtype: str = "float16", reduce_dtype: str = "") -> tuple[str, FileData | None]:
+                budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
-    seconds: (the `check --format json` object, the skip-rate plot PNG or none). nproc > 1: the
-    skip-rate and NaN checks under torch.distributed (`check --nproc` JSON, no plot)."""
+    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    ranks = check.parse_nproc(nproc, device)
-    if ranks is not None:
-        return as_json_text(check.run_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps)), None
     report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
     return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
@@ -123,12 +119,35 @@ def recipe_loop(options: str = "{}") -> tuple[str, FileData]:
 
 
 @endpoint
-def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
-              nproc: float = 1) -> tuple[str, FileData | None]:
+def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto") \
+        -> tuple[str, FileData | None]:
     """Run the user's training script for a few steps on this host (only with --allow-exec):
-    (the trace JSON, the loss-scale plot PNG or none). nproc > 1: under torch.distributed.run."""
-    result = trace.run("", script, args, steps, device, nproc=nproc)
+    (the trace JSON, the loss-scale plot PNG or none)."""
+    result = trace.run("", script, args, steps, device)
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
+
+
+# Under torch.distributed: endpoints of their own, so the parameters of /trace and /check stay as
+# they were (a raw HTTP caller sends every parameter, and one more would break its calls).
+@endpoint
+def trace_ranks(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+                nproc: float = 2) -> str:
+    """Run the training script under torch.distributed.run with nproc ranks (only with --allow-exec;
+    at most --max-nproc and the host's CPU cores or GPUs): the merged trace JSON (docs/distributed.md)."""
+    return as_json_text(trace.run("", script, args, steps, device, nproc=nproc))
+
+
+@endpoint
+def check_ranks(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
+                weights_file: FileData | None = None, device: str = "auto", nproc: float = 2, wrap: str = "ddp",
+                param_dtype: str = "float16", reduce_dtype: str = "", steps: float = 20) -> str:
+    """The skip-rate and NaN checks on nproc ranks, the model wrapped in DDP or FSDP2 (`check --nproc`
+    JSON): the ranks' skip agreement and what the reduce dtype does to the gradients."""
+    source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
+    ranks = check.parse_nproc(nproc, device)
+    if ranks is None:
+        raise UserError("check_ranks runs on several processes: nproc must be 2 or more (use /check for one)")
+    return as_json_text(check.run_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps))
 
 
 FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
@@ -147,3 +166,5 @@ def register(gpu_queue: dict, lint_queue: dict) -> None:
     gr.api(explain, api_name="explain", **FAST)
     gr.api(recipe_loop, api_name="recipe", **FAST)
     gr.api(trace_run, api_name="trace", **gpu_queue)
+    gr.api(trace_ranks, api_name="trace_ranks", **gpu_queue)
+    gr.api(check_ranks, api_name="check_ranks", **gpu_queue)
