@@ -6,7 +6,8 @@ actually does (docs/trace.md).
 One-job modules: `runner` (the child process and its time limit), `child` (runs the script with
 the observers), `patches` (hooks and wrappers), `recorder` (events per step and the protocol
 state), `numerics` (first non-finite module, headroom), `analysis` (events -> Findings) and
-`report` (the JSON object and its renderings).
+`report` (the JSON object and its renderings); `trace --nproc`: `rank` (a rank's torch.distributed
+observers) and `merge` (the ranks' reports as one), launched by `troubleshooter.torchrun`.
 """
 from __future__ import annotations
 
