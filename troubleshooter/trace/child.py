@@ -54,6 +54,9 @@ def main(config_path: str) -> None:
         raise TraceTimeout()
 
     signal.signal(signal.SIGTERM, on_term)
+    if cfg.get("distributed"):  # trace --nproc: one rank of several (trace/rank.py)
+        from .rank import install_rank
+        install_rank(rec, cfg["distributed"], writer)
     exit_info: dict = {"status": "finished", "exception": None, "code": 0}
     import runpy
     try:
@@ -93,6 +96,7 @@ class _Writer:
         self.rec = rec
         self.numerics = numerics
         self.last = 0.0
+        self.sections: dict = {}  # name -> callable adding a section (trace --nproc: "distributed")
 
     def payload(self, exit_info: dict | None) -> dict:
         rec = self.rec
@@ -115,8 +119,10 @@ class _Writer:
     def _write(self, exit_info: dict | None) -> None:
         from ..jsonsafe import jsonable
         tmp = self.path + ".tmp"
+        payload = self.payload(exit_info)
+        payload.update({name: section() for name, section in self.sections.items()})
         with open(tmp, "w") as fh:
-            json.dump(jsonable(self.payload(exit_info)), fh)
+            json.dump(jsonable(payload), fh)
         os.replace(tmp, self.path)
 
     def snapshot(self) -> None:

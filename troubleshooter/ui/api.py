@@ -15,6 +15,7 @@ from typing import Callable
 import gradio as gr
 from gradio import FileData
 
+from ..errors import UserError
 from . import check, common, diagnose, questionnaire, recipe, specinput, speedup, trace
 
 
@@ -130,6 +131,30 @@ def trace_run(script: FileData | None = None, args: str = "", steps: float = 20,
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
 
 
+# Under torch.distributed: endpoints of their own, so the parameters of /trace and /check stay as
+# they were (a raw HTTP caller sends every parameter, and one more would break its calls).
+@endpoint
+def trace_ranks(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+                nproc: float = 2, autocast_policy: str = "cuda") -> str:
+    """Run the training script under torch.distributed.run with nproc ranks (only with --allow-exec;
+    at most --max-nproc and the host's CPU cores or GPUs): the merged trace JSON (docs/distributed.md).
+    autocast_policy: as /trace."""
+    return as_json_text(trace.run("", script, args, steps, device, nproc=nproc, autocast_policy=autocast_policy))
+
+
+@endpoint
+def check_ranks(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
+                weights_file: FileData | None = None, device: str = "auto", nproc: float = 2, wrap: str = "ddp",
+                param_dtype: str = "float16", reduce_dtype: str = "", steps: float = 20) -> str:
+    """The skip-rate and NaN checks on nproc ranks, the model wrapped in DDP or FSDP2 (`check --nproc`
+    JSON): the ranks' skip agreement and what the reduce dtype does to the gradients."""
+    source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
+    ranks = check.parse_nproc(nproc, device)
+    if ranks is None:
+        raise UserError("check_ranks runs on several processes: nproc must be 2 or more (use /check for one)")
+    return as_json_text(check.run_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps))
+
+
 FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
 
 
@@ -146,3 +171,5 @@ def register(gpu_queue: dict, lint_queue: dict) -> None:
     gr.api(explain, api_name="explain", **FAST)
     gr.api(recipe_loop, api_name="recipe", **FAST)
     gr.api(trace_run, api_name="trace", **gpu_queue)
+    gr.api(trace_ranks, api_name="trace_ranks", **gpu_queue)
+    gr.api(check_ranks, api_name="check_ranks", **gpu_queue)

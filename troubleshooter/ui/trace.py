@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import common, host, jobs
+from .ranks import parse_nproc, trace_ranks_markdown
 from .server import SETTINGS
 
 MAX_STEPS = 500
@@ -71,8 +72,9 @@ def stage_script(code: str | None, upload) -> Path:
 
 
 def run(code: str | None, upload, args: str | None = "", steps=20, device: str = "auto", progress=None,
-        autocast_policy: str = "cuda") -> dict:
-    """The tracer's JSON for the user's script, run on this host (refused without --allow-exec)."""
+        autocast_policy: str = "cuda", nproc=1) -> dict:
+    """The tracer's JSON for the user's script, run on this host (refused without --allow-exec);
+    `nproc` > 1: under torch.distributed.run with that many ranks (bounded: ui/ranks.py)."""
     if not SETTINGS.allow_exec:
         raise UserError(_NO_EXEC)
     _trace_fn()  # an absent trace module is refused here, before a worker starts
@@ -81,12 +83,13 @@ def run(code: str | None, upload, args: str | None = "", steps=20, device: str =
     from ..engine.autocast_policy import check_policy
 
     autocast_policy = check_policy(autocast_policy)
+    ranks = parse_nproc(nproc, device)
     script = stage_script(code, upload)
     limit = SETTINGS.job_timeout_s
     # the tracer stops its own child at `limit`; the worker around it gets a margin to report that
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
-                          limit_s=limit, cwd=str(script.parent), autocast_policy=autocast_policy)
+                          limit_s=limit, cwd=str(script.parent), autocast_policy=autocast_policy, nproc=ranks)
     return _memory_note(public_result(result, script.name, str(script.parent)))
 
 
@@ -100,10 +103,11 @@ def _memory_note(result: dict) -> dict:
 
 
 def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None,
-            autocast_policy="cuda") -> dict:
+            autocast_policy="cuda", nproc=None) -> dict:
     """In the worker: `trace_script` with the server's time limit (module-level: picklable)."""
+    ranks = {"nproc": nproc} if nproc is not None else {}  # one process: the call as it always was
     return _trace_fn()(script, args=tuple(args), steps=steps, device=device, timeout_s=limit_s, cwd=cwd,
-                       progress=progress, autocast_policy=autocast_policy)
+                       progress=progress, autocast_policy=autocast_policy, **ranks)
 
 
 def public_result(result: dict, name: str, folder: str | None = None) -> dict:
@@ -185,6 +189,8 @@ def summary_markdown(result: dict) -> str:
     skipped = result.get("skipped_steps") or []
     if result.get("scale"):
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")
+    if result.get("distributed"):
+        lines.append(trace_ranks_markdown(result))
     return "\n\n".join(lines) + "\n"
 
 
@@ -213,10 +219,11 @@ def scale_figure(result: dict):
 
 
 def ui_trace(code: str | None, upload, args: str | None, steps, lint_rows, row_rules, autocast_policy="cuda",
-             progress=None) -> tuple:
+             nproc=1, progress=None) -> tuple:
     """The "Run it on this host" button: (run summary, the findings table with the run-time rows
     added after the static ones, the rule of each row, the loss-scale plot or None)."""
-    result = run(code, upload, args, steps, "auto", progress=progress, autocast_policy=autocast_policy)
+    result = run(code, upload, args, steps, "auto", progress=progress, autocast_policy=autocast_policy,
+                 nproc=nproc)
     static_rows = list(lint_rows or [])
     static_rules = list(row_rules or [])[:len(static_rows)]
     rows = finding_rows(result)
