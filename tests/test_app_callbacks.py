@@ -242,7 +242,7 @@ def test_job_options_are_validated_before_any_work():
         with pytest.raises(UserError, match=match):
             check.options(**{"device": "cpu", "checks": "alignment", "steps": 2, "budget_s": 10, **bad})
     assert check.options("cpu", ["nan", "alignment"], 3.0, 10) == \
-        {"device": "cpu", "only": ["alignment", "nan"], "steps": 3, "budget_s": 10.0}
+        {"device": "cpu", "only": ["alignment", "nan"], "steps": 3, "budget_s": 10.0, "autocast_policy": "cuda"}
     message = common.error_message(UserError("--steps must be a whole number from 1 to 10000, got 0"))
     assert "--" not in message and "steps must be" in message  # the page's wording of the engine's reason
 
@@ -559,8 +559,8 @@ def test_run_it_on_this_host_merges_run_time_findings(tmp_path, monkeypatch):
     calls = {}
 
     def fake_trace_script(path, args=(), steps=20, device="auto", timeout_s=120, nan=False, headroom=False,
-                          cwd=None, progress=None):
-        calls.update(path=path, args=args, steps=steps, timeout_s=timeout_s, cwd=cwd)
+                          cwd=None, progress=None, autocast_policy="cuda"):
+        calls.update(path=path, args=args, steps=steps, timeout_s=timeout_s, cwd=cwd, autocast_policy=autocast_policy)
         return {"script": path, "argv": list(args), "device": "cpu", "steps_observed": steps,
                 "exit": {"status": "ok", "exception": None}, "timeline": [],
                 "findings": [{"rule": "AMP301", "severity": "warning", "path": path, "line": 1, "module": "fc",

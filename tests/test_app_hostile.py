@@ -87,7 +87,7 @@ def caller(server):
 
 
 def _check(spec_file=None, preset="", yaml_text="", weights=None) -> list:
-    return [preset, yaml_text, spec_file, weights, "cpu", "alignment", 2, 10]
+    return [preset, yaml_text, spec_file, weights, "cpu", "alignment", 2, 10, "cuda"]
 
 
 # --- 1. only files the caller uploaded are read, and only uploaded code runs ----------------
@@ -101,7 +101,7 @@ def test_server_files_named_by_string_are_neither_read_nor_run(caller, tmp_path)
     for named in (str(bait), {"path": str(bait)}, {"path": str(bait), "meta": {"_type": "gradio.FileData"}},
                   {"path": f"{tmp_path}/../{tmp_path.name}/bait.py"}):
         for name, data in [("lint", ["", named, "", ""]), ("check", _check(spec_file=named)),
-                           ("speedup", ["", "", named, "cpu", "fp32", 2, False]), ("trace", [named, "", 2, "cpu"])]:
+                           ("speedup", ["", "", named, "cpu", "fp32", 2, False]), ("trace", [named, "", 2, "cpu", "cuda"])]:
             message = caller.error(name, data)
             assert "not an uploaded file" in message or "not uploaded by a user" in message, (name, message)
     message = caller.error("inspect", ["/etc/passwd"])
@@ -201,7 +201,7 @@ def test_jobs_leave_no_child_alive_and_see_no_server_secret(caller, tmp_path):
     pid_file = tmp_path / "trace-pids"
     script = tmp_path / "train.py"
     script.write_text(LEAVES_CHILDREN_AND_LOOKS_FOR_SECRETS.format(pid_file=str(pid_file), secrets=list(SECRETS)))
-    kind, out = caller.call("trace", [caller.upload(script), "", 2, "cpu"])
+    kind, out = caller.call("trace", [caller.upload(script), "", 2, "cpu", "cuda"])
     assert kind == "complete", out
     assert "FOUND=0 SERVER_SEEN=1" in json.loads(out[0])["exit"]["stdout_tail"]
     assert _alive(pid_file) == []

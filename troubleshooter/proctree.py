@@ -143,12 +143,24 @@ def _parent_of(pid: int) -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
-def kill_new_descendants(before: set[int]) -> list[int]:
+def kill_new_descendants(before: set[int], spare: set[int] | frozenset = frozenset()) -> list[int]:
     """Kill (and reap) every descendant of this process that is not in `before` (what it had
     before it started a child), with all below them: a child's setsid() or double-forked helpers,
-    which re-parent to us once we are a subreaper."""
+    which re-parent to us once we are a subreaper. The subtrees of `spare` stay: children of other
+    jobs this process still runs side by side (their new processes are not this job's)."""
+    me, parents = os.getpid(), _parents()
+
+    def spared(p: int) -> bool:
+        for _ in range(64):
+            if p in spare:
+                return True
+            p = parents.get(p, me)
+            if p == me:
+                return False
+        return False
+
     killed: list[int] = []
-    for p in descendants(os.getpid()):
-        if p not in before and p not in killed:
+    for p in descendants(me):
+        if p not in before and p not in killed and not spared(p):
             killed += kill_tree(p, reap_root=True)
     return killed

@@ -2,7 +2,8 @@
 
     python -m troubleshooter check SPEC.yaml|--preset NAME[:k=v,...]|--python FILE --allow-exec
         [--device auto|cpu|cuda[:N]] [--only capability,alignment,skiprate,nan,headroom]
-        [--steps N] [--seed S] [--budget SECONDS] [--format text|json]
+        [--steps N] [--seed S] [--budget SECONDS] [--autocast-policy cuda|host] [--format text|json]
+        [--nproc N [--wrap ddp|fsdp2] [--param-dtype D] [--reduce-dtype D]]   (docs/distributed.md)
 
 Exit status: 0 no warning/error finding, 1 some (or a check that could not finish), 2 bad spec
 or options.
@@ -18,6 +19,7 @@ import sys
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
 DEFAULT_BUDGET_S = 60.0
+AUTOCAST_POLICIES = ("cuda", "host")  # engine.autocast_policy.POLICIES
 
 
 def _budget(text: str) -> float:
@@ -48,8 +50,29 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                    help=f"time for the whole run (default {DEFAULT_BUDGET_S:g}): each check gets a share and stops "
                         "at a step boundary; the report says what did not fit")
+    p.add_argument("--autocast-policy", choices=AUTOCAST_POLICIES, default="cuda",
+                   help="on a CPU host: cuda (default) runs autocast with CUDA's op lists (exp, pow, sum, softmax, "
+                        "norms and losses in float32), so the answers are your GPU's; host uses the CPU's own "
+                        "lists, for training on CPUs")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    _add_distributed_arguments(p)
     p.set_defaults(func=run)
+
+
+def _add_distributed_arguments(p) -> None:
+    """check --nproc: the skip-rate and NaN checks under torch.distributed (engine/distributed_check.py)."""
+    g = p.add_argument_group("distributed (docs/distributed.md)")
+    g.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="run the skip-rate and NaN checks on N ranks under torch.distributed.run, the model wrapped "
+                        "as --wrap says; reports the ranks' skip agreement and what the reduction does to gradients")
+    g.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp",
+                   help="DDP, or FSDP2's fully_shard on each child module and the root (default ddp)")
+    g.add_argument("--param-dtype", default="float16", metavar="DTYPE",
+                   help="compute dtype: FSDP2's MixedPrecisionPolicy param_dtype, DDP's autocast dtype "
+                        "(float16 default, bfloat16, float32); float16 trains with a GradScaler")
+    g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
+                   help="gradient reduction dtype: FSDP2's reduce_dtype (default: the param dtype), DDP's "
+                        "fp16/bf16 compression hook (default float32: no hook)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,15 +84,33 @@ def run(args: argparse.Namespace) -> int:
 
     parse_only(args.only)
     source = source_from_args(args)
+    if args.nproc is not None:
+        return _run_distributed(args, source)
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     report = check_report(source, allow_exec=args.allow_exec, device=args.device, only=args.only,
                           steps=args.steps, seed=args.seed, progress=progress, budget_s=args.budget,
-                          started_at=started_at)
+                          started_at=started_at, autocast_policy=args.autocast_policy)
     if args.format == "json":
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(render_text(report))
     return int(report.exit_code)
+
+
+def _run_distributed(args: argparse.Namespace, source) -> int:
+    from ..engine.distributed_check import check_distributed, render_text as render_ranks
+    from ..errors import UserError
+
+    if args.only is not None and set(c.strip() for c in args.only.split(",")) - {"skiprate", "nan"}:
+        raise UserError("with --nproc the checks are skiprate and nan (run under the wrapper); capability, alignment "
+                        "and headroom run without --nproc")
+    progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
+    report = check_distributed(source, nproc=args.nproc, wrap=args.wrap, param_dtype=args.param_dtype,
+                               reduce_dtype=args.reduce_dtype, steps=args.steps, seed=args.seed,
+                               device=args.device, allow_exec=args.allow_exec,
+                               timeout_s=3 * args.budget + 120, progress=progress)
+    print(json.dumps(report, indent=2) if args.format == "json" else render_ranks(report))
+    return int(report["exit_code"])
 
 
 def _stderr_progress(fraction: float, message: str) -> None:

@@ -2,7 +2,8 @@
 actually does (docs/trace.md).
 
     python -m troubleshooter trace SCRIPT.py [--steps N] [--device auto|cpu|cuda[:N]] [--timeout S]
-           [--nan] [--headroom] [--format text|json|github] [-- SCRIPT ARGS...]
+           [--nan] [--headroom] [--autocast-policy cuda|host] [--nproc N] [--format text|json|github]
+           [-- SCRIPT ARGS...]
 
 Exit status: 0 no error/warning finding, 1 some (a script that raises or hits the time limit
 counts), 2 the script cannot be started or the options are wrong.
@@ -36,6 +37,13 @@ def register(subparsers) -> None:
                    help="localise the first non-finite module on every step (one host sync per step)")
     p.add_argument("--headroom", action="store_true",
                    help="measure fp16 gradient underflow under the loss scale on every step (AMP203)")
+    p.add_argument("--autocast-policy", choices=("cuda", "host"), default="cuda",
+                   help="on a host without a GPU: cuda (default) runs the script's CPU autocast regions with "
+                        "CUDA's op lists (exp, pow, sum, softmax, norms and losses in float32), so the answers are "
+                        "your GPU's; host uses the CPU's own lists, for training on CPUs")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="run the script under torch.distributed.run with N ranks (as `torchrun --standalone "
+                        "--nproc_per_node N`), trace every rank and merge them (docs/distributed.md)")
     p.add_argument("--cwd", default=None,
                    help="working directory of the script (default: the current one, as `python SCRIPT` would)")
     p.add_argument("--format", choices=("text", "json", "github"), default="text")
@@ -70,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
     progress = _stderr_progress if args.format == "text" and sys.stderr.isatty() else None
     report = trace_script(args.script, script_args, steps=args.steps, device=args.device,
                           timeout_s=args.timeout, nan=args.nan, headroom=args.headroom,
-                          cwd=args.cwd or os.getcwd(), progress=progress)
+                          cwd=args.cwd or os.getcwd(), progress=progress, autocast_policy=args.autocast_policy,
+                          nproc=args.nproc)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     elif args.format == "github":
         sys.stdout.write(render_github(report))
+    elif report.get("distributed"):
+        from ..trace.merge import render_text as render_ranks
+        print(render_ranks(report, render_text))
     else:
         print(render_text(report))
     return exit_code(report)

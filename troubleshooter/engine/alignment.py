@@ -86,6 +86,7 @@ class _Trace:
     head: str | None  # the last Linear whose output is the model's output
     method: str
     gemm_embeddings: frozenset = frozenset()  # Embeddings whose weight is a GEMM operand (a tied head)
+    data_layers: frozenset = frozenset()  # Linear/Conv layers fed by the batch (or the first to run)
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
@@ -115,7 +116,19 @@ def _traced_forward(model: nn.Module, inputs: tuple, method: str) -> _Trace:
     linear_rows: dict[str, int] = {}
     order: list[tuple[str, tuple]] = []
     handles = []
+    batch_ids = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+    fed: list[str] = []  # Linear/Conv layers in the order they ran; data layers below
+    data_layers: set[str] = set()
+
+    def feeds(m, args, name):
+        x = _first_tensor(args)
+        if not fed or (x is not None and id(x) in batch_ids):
+            data_layers.add(name)
+        fed.append(name)
+
     for name, mod in model.named_modules():
+        if isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)):
+            handles.append(mod.register_forward_pre_hook(lambda m, args, name=name: feeds(m, args, name)))
         if isinstance(mod, nn.Linear):
             def hook(m, args, out, name=name):
                 x = _first_tensor(args)
@@ -143,7 +156,8 @@ def _traced_forward(model: nn.Module, inputs: tuple, method: str) -> _Trace:
     head = None
     if out_t is not None and order and order[-1][1] == tuple(out_t.shape):
         head = order[-1][0]
-    return _Trace(flops, counter.get_total_flops(), attention, linear_rows, head, method, gemm_embeddings)
+    return _Trace(flops, counter.get_total_flops(), attention, linear_rows, head, method, gemm_embeddings,
+                  frozenset(data_layers))
 
 
 _GEMMS = {torch.nn.functional.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.einsum,
@@ -260,7 +274,11 @@ def _annotate(rows: list[AlignmentRow], trace: _Trace | None) -> None:
         if r.aligned:
             continue
         if r.dimension.startswith(("in_features", "in_channels")) and r.value < HALF_MULTIPLE:
-            r.note = "few input channels, set by the data; cuDNN pads these itself"
+            if trace is None or r.module in trace.data_layers:
+                r.note = "few input channels, set by the data; cuDNN pads these itself"
+            else:  # a squeeze-excite bottleneck's 4 channels are the model's choice, not the data's
+                r.note = (f"a narrow internal layer ({r.value} wide, e.g. a squeeze-excite bottleneck): a sliver "
+                          "of the FLOPs, and cuDNN pads it itself")
         elif trace is not None and r.module == trace.head and r.dimension == "out_features" and r.value < SMALL_HEAD:
             r.note = "the model's output size, set by the task; padding it gains little"
         elif r.cls in ("Embedding", "EmbeddingBag") and r.dimension.startswith("num_embeddings") and \

@@ -19,6 +19,8 @@ from ..workload import Workload
 from . import precision as prec
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
+from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findings, check_policy, \
+    describe as describe_policy
 from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .training_step import is_oom, release
 
@@ -204,11 +206,15 @@ def _check_budget(budget_s: Any) -> None:
 
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
               steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None,
-              budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None) -> dict[str, Any]:
+              budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None,
+              autocast_policy: str = "cuda") -> dict[str, Any]:
     """Run the selected checks on `workload` within `budget_s` seconds (None: no limit); return
     the `check --format json` object. `started_at` (a `time.time()`, e.g. when the CLI started
-    or before the model was built) counts those fixed costs against the budget too."""
+    or before the model was built) counts those fixed costs against the budget too.
+    `autocast_policy` 'cuda' (default): on a CPU, autocast follows CUDA's op lists, so the
+    answers are those of the user's GPU; 'host': the CPU's own lists (training on CPUs)."""
     dev = prec.resolve_device(device)
+    policy = check_policy(autocast_policy)
     selected = parse_only(only)
     _check_steps(steps)
     _check_budget(budget_s)
@@ -217,10 +223,16 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         budget.started -= max(0.0, time.time() - started_at)
     token = track_costs(StepCosts(workload.flops_per_step, dev))
     try:
-        with half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
+        with cuda_policy_on_cpu(dev, policy) as policy_run, \
+                half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
             result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
         untrack(token)
+    result["device"]["autocast_policy"] = describe_policy(policy_run, policy, str(dev))
+    banned = [f.to_dict() for f in banned_findings(result["device"]["autocast_policy"])]
+    if banned:
+        result["findings"] = result["findings"] + banned
+        result["exit_code"] = exit_code(result)
     emulated = describe_emulation(emulation)
     if emulated:
         result["device"]["half_emulation"] = emulated
@@ -320,7 +332,8 @@ def _budget_report(budget_s: float | None, budget: Budget, result: dict[str, Any
 def check_source(source, allow_exec: bool = False, device: str | torch.device = "auto",
                  only: str | Iterable[str] | None = None, steps: int = DEFAULT_STEPS, seed: int = 0,
                  progress: Progress | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None) -> dict[str, Any]:
+                 budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None,
+                 autocast_policy: str = "cuda") -> dict[str, Any]:
     """`run_check` on a `spec.SpecSource`: YAML and presets in-process, a Python file in a child
     process with a time limit (and without the progress callback, which cannot cross processes).
     The budget counts from `started_at` (default: now), so building the model is inside it."""
@@ -330,6 +343,7 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
     parse_only(only)  # bad options fail before anything is built (or a child is started)
     _check_steps(steps)
     _check_budget(budget_s)
+    autocast_policy = check_policy(autocast_policy)
     if budget_s is not None:
         timeout_s = min(timeout_s, 3 * budget_s + 120)  # a step past the budget, plus building the model
     if isinstance(device, str):
@@ -338,7 +352,7 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
         progress = None
     result = run_with_workload(source, run_check, allow_exec=allow_exec, timeout_s=timeout_s,
                                device=device, only=only, steps=steps, seed=seed, progress=progress,
-                               budget_s=budget_s, started_at=started_at)
+                               budget_s=budget_s, started_at=started_at, autocast_policy=autocast_policy)
     result.setdefault("spec", {})["source"] = source.describe()
     return result
 
@@ -347,14 +361,16 @@ def check_source(source, allow_exec: bool = False, device: str | torch.device = 
 
 
 def check_options(device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
-                  steps: Any = DEFAULT_STEPS, budget_s: Any = DEFAULT_BUDGET_S) -> dict[str, Any]:
+                  steps: Any = DEFAULT_STEPS, budget_s: Any = DEFAULT_BUDGET_S,
+                  autocast_policy: str = "cuda") -> dict[str, Any]:
     """The options of a check run, validated by the rules `run_check` applies (UserError with
     the reason), as `check_source` keyword arguments: the app asks before it starts a worker."""
     selected = parse_only(only)
     _check_steps(steps)
     _check_budget(budget_s)
+    policy = check_policy(autocast_policy)
     dev = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
-    return {"device": dev, "only": selected, "steps": steps, "budget_s": budget_s}
+    return {"device": dev, "only": selected, "steps": steps, "budget_s": budget_s, "autocast_policy": policy}
 
 
 def check_report(source, **kwargs: Any):

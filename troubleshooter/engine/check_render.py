@@ -100,9 +100,18 @@ def budget_markdown(report: CheckReport | dict) -> str:
 
 
 def emulation_markdown(report: CheckReport | dict) -> str:
-    """How half precision was computed on a CPU without instructions for it (empty otherwise)."""
-    emulated = (as_report(report).device or {}).get("half_emulation")
-    return f"Note: {esc(emulated['note'])}.\n" if isinstance(emulated, dict) and emulated.get("note") else ""
+    """Which autocast policy ran (CUDA's emulated on a CPU, or the host's own) and how half
+    precision was computed on a CPU without instructions for it."""
+    device = as_report(report).device or {}
+    lines = []
+    policy = device.get("autocast_policy")
+    if isinstance(policy, dict) and policy.get("label") and policy.get("policy") != "device":
+        note = f" ({esc(policy['note'])})" if policy.get("note") else ""
+        lines.append(f"Autocast policy: {esc(policy['label'])}{note}.")
+    emulated = device.get("half_emulation")
+    if isinstance(emulated, dict) and emulated.get("note"):
+        lines.append(f"Note: {esc(emulated['note'])}.")
+    return "\n\n".join(lines) + "\n" if lines else ""
 
 
 def status_markdown(report: CheckReport | dict) -> str:

@@ -22,6 +22,7 @@ from ..workload import Workload
 from . import precision as prec
 from . import scaled_grads
 from .budget import expected_step_s, fits
+from .module_kind import overflow_fix
 
 FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
@@ -455,8 +456,36 @@ def interpret(raw: dict[str, Any], device: str = "cpu", seed: int = 0) -> Headro
     return result
 
 
+def _maker(r: HeadroomResult, first: dict) -> dict | None:
+    """The module whose own forward() code made the too-large input of `first` (a `silu(gate) *
+    up` in MLP.forward feeding its down projection): no module before `first` output values that
+    large, and the batch is not that large either. None when a module's output was (that module's
+    fp32 output is what `first` computes on) or the input came in so large."""
+    if first["max_abs"] > FP16_MAX or not math.isfinite(first["input_max_abs"]):
+        return None
+    big = first["input_max_abs"]
+    if r.input_max_abs is not None and r.input_max_abs >= big:
+        return None
+    index = next(i for i, a in enumerate(r.activations) if a is first)
+    if any(a["max_abs"] >= big for a in r.activations[:index]):
+        return None
+    parent = first["module"].rsplit(".", 1)[0] if "." in first["module"] else ""
+    return next((a for a in r.activations if a["module"] == parent), {"module": parent, "class": None})
+
+
 def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
     data = {"check": "headroom"}
+    maker = _maker(r, first) if first is not None else None
+    if maker is not None:
+        name, cls = maker["module"], maker.get("class")
+        msg = (f"code in the forward() of '{name or '<root>'}'" + (f" ({cls})" if cls else "")
+               + f" makes |x| up to {first['input_max_abs']:.3g} in the fp32 reference step (first at the input of "
+               f"{first['class']} '{first['module']}', which computes in float16), beyond float16's 65504: under "
+               "fp16 autocast it overflows to inf")
+        return [Finding("AMP202", "fp16-overflow", Severity.ERROR, msg, overflow_fix(name, cls),
+                        Location(module=name), precision="fp16",
+                        data={**data, "input_max_abs": first["input_max_abs"], "made_by": name,
+                              "first_overflowing_input": first["module"]})]
     if first is not None:
         others = [a["module"] for a in r.activations if a["overflows_fp16"] and a is not first]
         if first["max_abs"] > FP16_MAX:
@@ -470,9 +499,7 @@ def _overflow_findings(r: HeadroomResult, first: dict | None) -> list[Finding]:
             msg += f" (the input itself reaches {r.input_max_abs:.3g})"
         if others:
             msg += f"; {len(others)} later module(s) overflow too"
-        return [Finding("AMP202", "fp16-overflow", Severity.ERROR, msg,
-                        "Train in bf16 (same range as fp32), or bring this layer's values down: "
-                        "normalise the inputs, add a LayerNorm before it, or shrink its weights.",
+        return [Finding("AMP202", "fp16-overflow", Severity.ERROR, msg, overflow_fix(first["module"], first["class"]),
                         Location(module=first["module"]), precision="fp16",
                         data={**data, "max_abs": first["max_abs"], "input_max_abs": first["input_max_abs"],
                               "headroom_bits": first["headroom_bits"], "also_overflowing": others})]

@@ -61,6 +61,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from .hook_registry import ours, remove
+
 _MAX_NEST = 4  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
 _ZEROS: dict[torch.device, torch.Tensor] = {}  # placeholder min/max per device: never non-finite
 
@@ -258,10 +260,11 @@ class HookSet:
             if id(module) in unhooked:
                 continue
             if idx and self.skip_passive_modules and _keeps_inputs(module):
-                self._handles.append(module.register_forward_hook(partial(self._leaf_post, idx), with_kwargs=True))
+                hook = partial(self._leaf_post, idx)
+                self._handles.append(ours(module.register_forward_hook(hook, with_kwargs=True)))
                 continue
-            self._handles.append(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True))
-            self._handles.append(module.register_forward_hook(partial(self._post, idx)))
+            self._handles.append(ours(module.register_forward_pre_hook(partial(self._pre, idx), with_kwargs=True)))
+            self._handles.append(ours(module.register_forward_hook(partial(self._post, idx))))
         if self.backward:
             for mname, module in self.model.named_modules():
                 if id(module) not in index_of:
@@ -278,7 +281,7 @@ class HookSet:
 
     def detach(self) -> None:
         for handle in self._handles:
-            handle.remove()
+            remove(handle)
         self._handles.clear()
         self._live = False
 
@@ -522,23 +525,30 @@ class HookSet:
         values = [None if f else nonfinite_value(a, b) for a, b, f in zip(lo, hi, finite)]
         for slot, source in step.alias.items():  # in creation order, so chains resolve
             finite[slot], max_abs[slot], values[slot] = finite[source], max_abs[source], values[source]
+            lo[slot], hi[slot] = lo[source], hi[source]
         self._values = values
         fwd = self._first_forward(step, finite, max_abs) if self.forward else None
         bwd, loss_grad = self._first_backward(step, finite, max_abs) if self.backward else (None, False)
-        return StepReport(fwd, bwd, loss_grad, partial(self._call_summary, step, finite, max_abs),
+        return StepReport(fwd, bwd, loss_grad, partial(self._call_summary, step, finite, max_abs, lo, hi),
                           len(step.calls), len(step.grads), step.autocast)
 
     def _finite_call_summary(self, step: _Step, values: list[float]) -> list[dict]:
         """`_call_summary` of an all-finite step, from its raw (min, max) pairs."""
-        max_abs = [max(-lo, hi) for lo, hi in zip(values[0::2], values[1::2])]
+        lo, hi = values[0::2], values[1::2]
         for slot, source in step.alias.items():  # in creation order, so chains resolve
-            max_abs[slot] = max_abs[source]
-        return self._call_summary(step, [True] * len(max_abs), max_abs)
+            lo[slot], hi[slot] = lo[source], hi[source]
+        max_abs = [max(-a, b) + 0.0 for a, b in zip(lo, hi)]  # + 0.0: an all-zero output's -0.0 is 0.0
+        return self._call_summary(step, [True] * len(max_abs), max_abs, lo, hi)
 
-    def _call_summary(self, step: _Step, finite: list[bool], max_abs: list[float]) -> list[dict]:
-        """Per call: module, whether its outputs are finite, their max |x|."""
+    def _call_summary(self, step: _Step, finite: list[bool], max_abs: list[float], lo: list[float],
+                      hi: list[float]) -> list[dict]:
+        """Per call: module, whether its outputs are finite, their max |x|, and their smallest and
+        largest value (a collapse check compares them across precisions: all zeros in float16
+        where float32 varies)."""
         return [{"module": self._names[c.module], "finite": all(finite[s] for s in c.outs),
-                 "max_abs": max((max_abs[s] for s in c.outs), default=0.0)} for c in step.calls]
+                 "max_abs": max((max_abs[s] for s in c.outs), default=0.0),
+                 "min": min((lo[s] for s in c.outs), default=0.0), "max": max((hi[s] for s in c.outs), default=0.0),
+                 "constant": bool(c.outs) and all(lo[s] == hi[s] for s in c.outs)} for c in step.calls]
 
     def _describe(self, call: _Call) -> dict:
         return {"module": self._names[call.module], "class": self._classes[call.module],
@@ -566,20 +576,29 @@ class HookSet:
                 "autocast": step.autocast,
             })
             if not inputs_finite:
-                out["source"] = self._forward_source(step, call, finite)
+                out["source"], maker = self._forward_source(step, call, finite)
+                if maker is not None:  # the module whose own forward() code made the value
+                    out["made_by"] = {"module": self._names[maker.module], "class": self._classes[maker.module],
+                                      "call_index": maker.order,
+                                      "input_max_abs": [number(max_abs[s]) for s in maker.ins]}
             return out
         return None
 
-    def _forward_source(self, step: _Step, call: _Call, finite: list[bool]) -> str:
-        """Where a non-finite input of the first bad call came from, when no module made it."""
+    def _forward_source(self, step: _Step, call: _Call, finite: list[bool]) -> tuple[str, _Call | None]:
+        """Where a non-finite input of the first bad call came from, when no module made it:
+        the batch, or the code of the innermost enclosing module whose own inputs were finite
+        (a value made in a parent's forward() and handed down through its child is the parent's)."""
         bad = [s for s in call.ins if not finite[s]]
         root = step.calls[-1] if step.calls and step.calls[-1].module == 0 else None
         if root is not None and any(s in root.ins for s in bad):
-            return "the model's input batch is already non-finite"
-        if call.parent is not None:
-            parent = self._names[call.parent.module] or "<root>"
-            return f"code in the forward() of '{parent}' ({self._classes[call.parent.module]}) outside any submodule"
-        return "outside the hooked model"
+            return "the model's input batch is already non-finite", None
+        maker = call.parent
+        while maker is not None and not all(finite[s] for s in maker.ins):
+            maker = maker.parent
+        if maker is not None:
+            name = self._names[maker.module] or "<root>"
+            return f"code in the forward() of '{name}' ({self._classes[maker.module]}) outside any submodule", maker
+        return "outside the hooked model", None
 
     def _first_backward(self, step: _Step, finite: list[bool], max_abs: list[float]) -> tuple[dict | None, bool]:
         seen_out: dict[int, list[float]] = {}  # call order -> grad max |x| of its outputs so far

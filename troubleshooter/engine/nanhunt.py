@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Any, Sequence
 
 import torch
@@ -22,6 +23,7 @@ from . import precision as prec
 import time
 
 from .budget import expected_step_s, fits, record_step_s
+from .module_kind import overflow_fix
 from .nanhooks import HookSet, StepReport, number
 from .training_step import build, device_batch
 
@@ -293,7 +295,61 @@ def hunt_nonfinite(
         last_s = time.perf_counter() - started
         if sections[p].get("steps_run"):  # a plain step's cost, unless one was measured already
             record_step_s(p, last_s / sections[p]["steps_run"] / HOOKED_STEP, keep_measured=True)
-    return {"device": str(device), "precisions": sections, "findings": _findings(sections, traces)}
+    from .collapse import fold_consequences
+
+    findings = fold_consequences(_findings(sections, traces) + _collapses(workload, device, sections, traces, seed))
+    return {"device": str(device), "precisions": sections, "findings": findings}
+
+
+def _collapses(workload: Workload, device: torch.device, sections: dict, traces: dict, seed: int) -> list[Finding]:
+    """AMP212: a half-precision run whose first step stayed finite but flattened a module's output
+    (all zeros, one value) where fp32's varies; the op that started it from one more forward."""
+    from .collapse import collapse_finding, first_collapse, is_collapse_candidate
+
+    ref = traces.get("fp32") or []
+    if not ref or not is_collapse_candidate(sections.get("fp32")):
+        return []
+    out = []
+    for p in ("fp16", "bf16"):
+        if not traces.get(p) or not is_collapse_candidate(sections.get(p)):
+            continue
+        found = first_collapse(traces[p][0], ref[0])
+        if found is None:
+            continue
+        sections[p]["collapse"] = found
+        what = "all zeros" if found["zero"] else "one constant value"
+        sections[p]["summary"] = (f"finite, but module '{found['module'] or '<root>'}' outputs {what} where fp32's "
+                                  "varies: a silent collapse (AMP212)")
+        op, cls = _collapse_op(workload, device, p, seed, found)
+        out.append(collapse_finding(p, found, cls, op))
+    return out
+
+
+def _collapse_op(workload: Workload, device: torch.device, precision: str, seed: int, found: dict):
+    """(the op that started the collapse or None, the module's class) from the first step's
+    forward, re-run in `precision` and in fp32 with the collapsed module's ops recorded."""
+    from .collapse import first_bad_op, record_module_ops
+
+    model = None
+    try:
+        model, _ = build(workload, device, seed)
+        batch = device_batch(workload, device, seed)
+        name = found["module"]
+        cls = type(model.get_submodule(name) if name else model).__name__
+
+        def forward(p):
+            torch.manual_seed(seed)  # the dropout masks of the step that collapsed
+            with prec.autocast(p, device):
+                workload.loss(model, batch)
+
+        half = record_module_ops(model, name, found["occurrence"], lambda: forward(precision))
+        ref = record_module_ops(model, name, found["occurrence"], lambda: forward("fp32"))
+        return first_bad_op(half, ref), cls
+    except Exception:  # noqa: BLE001 - the collapse stands without its op
+        return None, None
+    finally:
+        model = None  # noqa: F841 - let the copy go before the memory is released
+        _release(device)
 
 
 def _hunt_one(workload: Workload, device: torch.device, precision: str, seed: int, steps: int):
@@ -465,7 +521,7 @@ def _fp32_event(sections: dict) -> tuple[str, str | None] | None:
     if not isinstance(s, dict) or s.get("error"):
         return None
     if s.get("first_forward") is not None or not s.get("loss_finite", True):
-        return "forward", (s.get("first_forward") or {}).get("module")
+        return "forward", blamed_module(s.get("first_forward"))
     if s.get("first_backward") is not None:
         return "backward", s["first_backward"].get("module")
     return None
@@ -512,7 +568,74 @@ def _not_a_precision_problem(f: Finding, shared: dict) -> Finding:
                    {**f.data, "also_in_fp32": shared, "precision_problem": False})
 
 
-def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
+_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
+
+
+def made_by(fwd: dict | None) -> str | None:
+    """The module whose own forward() code (not a submodule) made the first non-finite value:
+    an overflowing `att += bias` in Attention.forward or `silu(gate) * up` in MLP.forward shows up
+    first at the input of the next submodule, but the module that made it is the enclosing one
+    ("" for the model's own forward). None when a module's output was the first non-finite value,
+    or the batch was."""
+    if not fwd or fwd.get("inputs_finite") is not False:
+        return None
+    if fwd.get("made_by"):
+        return fwd["made_by"]["module"]
+    m = _MADE_IN.match(str(fwd.get("source") or ""))  # a record without `made_by`
+    if m is None:
+        return None
+    return "" if m.group(1) == "<root>" else m.group(1)
+
+
+def blamed_module(fwd: dict | None) -> str | None:
+    """The module a forward finding names: the maker of the value, else the first bad output."""
+    maker = made_by(fwd)
+    return maker if maker is not None else (fwd or {}).get("module")
+
+
+def _made_in_forward_code(p: str, ff: dict, maker: str, traces: dict, reference: dict | None) -> Finding:
+    """One finding at the module whose own code made the value: AMP202 when its output is finite
+    in a wider-range precision (fp16's range was the problem), AMP205 otherwise; without such a
+    run under fp16 an overflow is not ruled out, and the finding says so."""
+    info = ff.get("made_by") or {}
+    cls = info.get("class")
+    ref = reference if reference is not None and reference.get("module", maker) == maker else None
+    if ref is None and info.get("call_index") is not None:
+        r = _reference_call(traces, p, ff.get("step", 0), info["call_index"], maker)
+        if r is not None:
+            ref = {"precision": r["precision"], "finite": r["finite"], "max_abs": number(r["max_abs"])}
+    name = f"'{maker or '<root>'}'" + (f" ({cls})" if cls else "")
+    first = ff.get("module")
+    data = {"first_forward": ff, "first_nonfinite_output": first}
+    value = _shown(ff)
+    seen = f"first seen at the input of '{first}'"
+    if p == "fp16" and ref is not None and ref.get("finite"):
+        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
+        return Finding(
+            "AMP202", "fp16-overflow", Severity.ERROR,
+            f"{name} overflows float16 in the forward pass: its own forward() code makes {value} from finite "
+            f"inputs under fp16 autocast ({seen}), while in {ref['precision']} its output is finite (max |x| "
+            f"{ref.get('max_abs')}); float16's largest value is 65504",
+            overflow_fix(maker, cls), Location(module=maker), p, data)
+    message = f"{name} makes {value} in its own forward() code from finite inputs in {p} ({seen})"
+    suggestion = ("Guard the operation in its forward() that makes it: clamp inputs of log/sqrt/pow/division, add "
+                  "an eps, check the weights it uses.")
+    if ref is not None and ref.get("finite"):
+        message += f"; finite in {ref['precision']}"
+        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
+        suggestion = (f"Keep '{maker or '<root>'}' in float32 under {p} (autocast enabled=False) or make the operation "
+                      "tolerant of reduced precision (eps, clamping).")
+    elif ref is None and p == "fp16":
+        data["float32_check"] = "not run"
+        message += (f"; the float32 check of '{maker or '<root>'}' could not run, so an fp16 overflow is not ruled "
+                    "out: if it is finite with autocast off, this is AMP202 (keep it in float32 or use bf16)")
+    return Finding("AMP205", "nonfinite-in-forward", Severity.ERROR, message, suggestion, Location(module=maker),
+                   p, data)
+
+
+def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict, reference: dict | None = None) -> Finding:
+    """AMP202/AMP205 for the first non-finite forward value (`ff` None: only the loss is);
+    `reference` is a float32 run of the module that made it, when the caller made one (trace)."""
     if ff is None:
         # Every module output is finite, the loss is not: no module is at fault (module None);
         # data names the module whose output the loss took, and the message its magnitude.
@@ -529,6 +652,9 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
             Location(module=None), p, {"where": "loss", "loss_finite": False,
                                        "output_module": made["module"] if made else None},
         )
+    maker = made_by(ff)
+    if maker is not None:
+        return _made_in_forward_code(p, ff, maker, traces, reference)
     module, step = ff["module"], ff.get("step", 0)
     ref = _reference_call(traces, p, step, ff["call_index"], module) if ff.get("created") else None
     data = {"first_forward": ff}
@@ -540,10 +666,7 @@ def _forward_finding(p: str, s: dict, ff: dict | None, traces: dict) -> Finding:
             "AMP202", "fp16-overflow", Severity.ERROR,
             f"{where} overflows float16 in the forward pass: its output is {_shown(ff)} under fp16 "
             f"autocast{peak}; float16's largest value is 65504",
-            f"Train in bf16 where the GPU supports it; otherwise keep '{module or '<root>'}' in float32 "
-            "(run it under torch.autocast(device_type, enabled=False) with .float() inputs), or bring "
-            "its inputs/weights into range (normalise before it, smaller init).",
-            Location(module=module), p, data,
+            overflow_fix(module, ff.get("class")), Location(module=module), p, data,
         )
     only = ""
     if ref is not None and ref["finite"]:

@@ -6,7 +6,8 @@ actually does (docs/trace.md).
 One-job modules: `runner` (the child process and its time limit), `child` (runs the script with
 the observers), `patches` (hooks and wrappers), `recorder` (events per step and the protocol
 state), `numerics` (first non-finite module, headroom), `analysis` (events -> Findings) and
-`report` (the JSON object and its renderings).
+`report` (the JSON object and its renderings); `trace --nproc`: `rank` (a rank's torch.distributed
+observers) and `merge` (the ranks' reports as one), launched by `troubleshooter.torchrun`.
 """
 from __future__ import annotations
 
@@ -23,11 +24,17 @@ MAX_STEPS = 10_000
 
 def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int = 20, device: str = "auto",
                  timeout_s: float = 120, nan: bool = False, headroom: bool = False, cwd: str | None = None,
-                 progress: Callable[[float, str], None] | None = None) -> dict:
+                 progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda",
+                 nproc: int | None = None, raw: dict | None = None) -> dict:
     """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
     seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
     raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
-    (an uploaded script next to its files); the CLI passes the current directory."""
+    (an uploaded script next to its files); the CLI passes the current directory.
+    `autocast_policy` 'cuda' (default): on a host without a GPU the script's CPU autocast regions
+    follow CUDA autocast's op lists, so the answers are its GPU's; 'host': the CPU's own lists.
+    `nproc` N: the script runs under torch.distributed.run with N ranks (1 included), each traced,
+    and the report merges them (trace/merge.py, docs/distributed.md). `raw`: a child's result
+    already run (one rank's), reported instead of running the script."""
     from ..explain import explain_log
     from ..jsonsafe import jsonable
     from . import analysis, framework_report, report
@@ -46,13 +53,22 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if not timeout_s > 0:
         raise UserError(f"timeout must be positive, got {timeout_s:g}")
     device_env(device)  # validates
+    from ..engine.autocast_policy import check_policy
+
+    autocast_policy = check_policy(autocast_policy)
+    if raw is None and nproc is not None:
+        from .merge import trace_ranks
+        return trace_ranks(trace_script, script, args, steps, device, timeout_s, nan, headroom, cwd, nproc, progress,
+                           autocast_policy=autocast_policy)
     path = validate_script(script, cwd)
     if progress is not None:
         progress(0.0, f"starting {os.fspath(script)}")
-    raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress)
+    if raw is None:
+        raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress,
+                        autocast_policy=autocast_policy)
     exc = (raw.get("exit") or {}).get("exception")
     explained = []
-    if exc:
+    if exc and not exc.get("caused_by_tool"):
         explained = [m.to_dict() for m in explain_log(exc.get("traceback") or exc.get("message") or "").matches]
     framework_report.adjust(raw)  # mistakes seen through a framework's GradScaler get the framework rules
     precision = framework_report.apply_to_precision(raw, in_effect(raw))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..engine.autocast_policy import banned_findings
 from ..engine.nanhunt import _backward_finding, _forward_finding
 from ..engine.skiprate import summarize
 from ..findings import Finding, Location, Severity
@@ -121,7 +122,8 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
         if fwd is not None:
             fwd = {**fwd, "step": first["step"]}
         f = _forward_finding(p, {"failed_step": first["step"], "loss_finite": loss_finite,
-                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {})
+                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {},
+                             reference=first.get("reference"))
     elif bwd is not None:
         f = _backward_finding(p, {}, bwd)
     else:
@@ -141,11 +143,6 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     where = first.get("where") or {}
     if where.get("module") is not None and where["module"] != f.location.module:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
-    module = f.location.module
-    maker = _making_module(fwd)
-    if maker is not None and maker != module:
-        data["first_nonfinite_output"] = module  # the first hooked output, fed by the maker's own code
-        module = maker
     if fwd is None and not loss_finite and where.get("path") is None:
         # every module output finite, the loss not: the loss was computed outside the model; the
         # ops that made it are not hooked, so point at that step's backward() on it
@@ -153,28 +150,26 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
         if back is not None:
             where = {"path": back["path"], "line": back["line"]}
             data["located_at"] = "the backward() of the non-finite loss; the op that made it runs before"
-    location = Location(path=where.get("path"), line=where.get("line"), module=module)
-    ref = first.get("reference") or {}
-    if maker is not None and p == "fp16" and ref.get("module") == maker and ref.get("finite"):
-        # the maker's output is finite with autocast off: an fp16 overflow that became NaN inside it
-        data["reference"] = {"precision": ref["precision"], "max_abs": ref.get("max_abs")}
-        return [Finding(
-            "AMP202", "fp16-overflow", Severity.ERROR,
-            f"'{maker or '<root>'}' overflows float16 in the forward pass: its own code makes a non-finite value from "
-            f"finite inputs under fp16 autocast ({(fwd or {}).get('kind', 'nan')} first seen at the input of "
-            f"'{data['first_nonfinite_output']}'), while in float32 its output is finite (max |x| "
-            f"{ref.get('max_abs')}); float16's largest value is 65504 (step {first['step']})",
-            f"Train in bf16 where the hardware supports it; otherwise keep '{maker or '<root>'}' in float32 (run it under "
-            "torch.autocast(device_type, enabled=False) with .float() inputs), or bring its values into range "
-            "(scale attention scores by 1/sqrt(head_dim), normalise inputs, smaller init).",
-            location, "fp16", data)]
-    if maker is not None and p == "fp16" and ref.get("module") != maker:
-        # no float32 run of the maker (parameters already non-finite, or it failed): an fp16
-        # overflow is not ruled out, and the finding must not read as a proven bug of the code
-        data["float32_check"] = "not run"
-        message += (f"; the float32 check of '{maker or '<root>'}' could not run, so an fp16 overflow is not ruled "
-                    "out: if it is finite with autocast off, this is AMP202 (keep it in float32 or use bf16)")
+    location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
     return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+
+
+def collapse_findings(numerics: dict) -> list[Finding]:
+    """AMP212 (--nan): the first step's half-precision forward flattened a module's output where
+    float32's varies; located at the op that started it when it is in the user's files."""
+    from ..engine.collapse import collapse_finding
+
+    event = numerics.get("collapse")
+    if not event:
+        return []
+    f = collapse_finding(event["precision"], event["collapse"], event.get("class"), event.get("op"))
+    at = ((event.get("op") or {}).get("where") or {})
+    where = at if at.get("path") else (event.get("where") or {})
+    data = {**f.data, "seen": SEEN, "step": event.get("step"), "reference_run": event.get("reference"),
+            "localised_by": "the step's forward re-run in its half precision and in float32 with --nan hooks"}
+    return [Finding(f.rule, f.name, f.severity, f"{f.message} (step {event.get('step')})", f.suggestion,
+                    Location(path=where.get("path"), line=where.get("line"), module=f.location.module),
+                    f.precision, data)]
 
 
 def outside_finding(op: dict) -> Finding:
@@ -259,13 +254,23 @@ def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding
                     {"seen": SEEN, "worst_step": worst})]
 
 
-def exception_finding(exc: dict, explained: list[dict]) -> Finding:
-    """The script raised: where in the user's code, and what `explain` recognises in the message."""
+def steps_word(raw: dict) -> str:
+    """What a step was in this run: an optimizer step, or (a loop without a torch.optim
+    optimizer) a backward pass."""
+    return "backward passes" if raw.get("step_unit") == "backward" else "optimizer steps"
+
+
+def exception_finding(exc: dict, explained: list[dict], unit: str = "optimizer steps") -> Finding:
+    """The script raised: where in the user's code, and what `explain` recognises in the message.
+    An exception that came from this package is its own finding (AMP219), never blamed on a line
+    of the script."""
+    if exc.get("caused_by_tool"):
+        return tool_error_finding(exc, unit)
     rule = next((m["rule"] for m in explained if m.get("rule")), None)
     cause = next((m for m in explained), None)
     msg = f"the script raised {exc['type']}: {exc['message'].splitlines()[0][:300] if exc['message'] else ''}"
     if exc.get("step") is not None:
-        msg += f" (after {exc['step']} optimizer steps)"
+        msg += f" (after {exc['step']} {unit})"
     if cause is not None:
         msg += f"; {cause['title']}: {cause['cause']}"
     suggestion = cause["fix"] if cause is not None else "Fix the error at the location shown (full traceback in exit.exception)."
@@ -274,16 +279,37 @@ def exception_finding(exc: dict, explained: list[dict]) -> Finding:
                    {"seen": SEEN, "exception": exc["type"], "related_rule": rule, "step": exc.get("step")})
 
 
+TOOL_ERROR = ("AMP219", "trace-internal-error")
+
+
+def tool_error_finding(exc: dict, unit: str = "optimizer steps") -> Finding:
+    """The trace itself failed while the script ran: not the script's fault, and what ran before it
+    is all that was seen (inconclusive for the rest)."""
+    step = exc.get("step")
+    return Finding(TOOL_ERROR[0], TOOL_ERROR[1], Severity.WARNING,
+                   f"the tracer failed while running the script ({exc['type']}: "
+                   f"{(exc.get('message') or '').splitlines()[0][:200] if exc.get('message') else ''}): this is a "
+                   "bug of the troubleshooter, not of your script; the findings cover only the "
+                   f"{step if step is not None else 0} {unit} before it (inconclusive for the rest)",
+                   "Run the script without the tracer to confirm it works, and report this with the tool's "
+                   "traceback (exit.exception.tool_traceback in the JSON report).",
+                   Location(), None, {"seen": SEEN, "exception": exc["type"], "step": step, "caused_by_tool": True})
+
+
 def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Finding]:
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
-    findings += numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
+    from ..engine.collapse import fold_consequences
+
+    findings += fold_consequences(numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
+                                  + collapse_findings(numerics))
+    findings += banned_findings(raw.get("autocast_policy"), SEEN)
     findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))
     exc = (raw.get("exit") or {}).get("exception")
     if exc:
-        findings.append(exception_finding(exc, explained))
+        findings.append(exception_finding(exc, explained, steps_word(raw)))
     findings += time_limit_finding(raw)
     findings += exited_finding(raw)
     findings += not_in_effect_findings(precision)
@@ -300,7 +326,7 @@ def exited_finding(raw: dict) -> list[Finding]:
     return [Finding(SCRIPT_RAISED[0], SCRIPT_RAISED[1], Severity.ERROR,
                     f"the script exited with status {ex.get('code')}"
                     + (f" ({ex['message']})" if ex.get("message") else "")
-                    + f" after {raw.get('steps_observed') or 0} optimizer steps; last stderr line: {tail[0][:300]}",
+                    + f" after {raw.get('steps_observed') or 0} {steps_word(raw)}; last stderr line: {tail[0][:300]}",
                     "Check the arguments passed after `--` and the script's own error message (exit.stderr_tail).",
                     Location(path=where.get("path"), line=where.get("line")), None,
                     {"seen": SEEN, "exit_code": ex.get("code")})]
@@ -314,8 +340,8 @@ def time_limit_finding(raw: dict) -> list[Finding]:
     where = (raw.get("exit") or {}).get("where") or {}
     n = raw.get("steps_observed") or 0
     return [Finding(TIME_LIMIT[0], TIME_LIMIT[1], Severity.WARNING,
-                    f"the script was stopped by the time limit ({proc.get('wall_s', 0):.0f} s) after {n} optimizer "
-                    "steps" + (f", while running line {where['line']}" if where.get("line") else "")
+                    f"the script was stopped by the time limit ({proc.get('wall_s', 0):.0f} s) after {n} "
+                    f"{steps_word(raw)}" + (f", while running line {where['line']}" if where.get("line") else "")
                     + "; findings cover only what ran before it (inconclusive for the rest)",
                     "Raise --timeout, lower --steps, or pass arguments that make the script reach its "
                     "training loop sooner (smaller data, fewer warm-up batches).",

@@ -27,7 +27,7 @@ def main(config_path: str) -> None:
 
     import torch  # noqa: F401 - imported before the script so the observers are in place
 
-    from .locate import user_frame_of_traceback
+    from .locate import caused_by_tool, script_traceback, user_frame_of_traceback
     from .numerics import Numerics
     from .patches import install
     from .recorder import Recorder, TraceStop, TraceTimeout
@@ -35,6 +35,7 @@ def main(config_path: str) -> None:
     rec = Recorder(cfg["steps"])
     numerics = Numerics(rec, nan=cfg["nan"], headroom=cfg["headroom"])
     writer = _Writer(cfg["result"], rec, numerics)
+    writer.policy = _autocast_policy(cfg.get("autocast_policy", "cuda"))
 
     def on_step(r, step):
         numerics.on_step(r, step)
@@ -53,6 +54,9 @@ def main(config_path: str) -> None:
         raise TraceTimeout()
 
     signal.signal(signal.SIGTERM, on_term)
+    if cfg.get("distributed"):  # trace --nproc: one rank of several (trace/rank.py)
+        from .rank import install_rank
+        install_rank(rec, cfg["distributed"], writer)
     exit_info: dict = {"status": "finished", "exception": None, "code": 0}
     import runpy
     try:
@@ -71,10 +75,12 @@ def main(config_path: str) -> None:
                              where={"path": path, "line": line}, step=rec.steps)
     except BaseException as exc:  # noqa: BLE001 - the script's own failure is what we report
         path, line = user_frame_of_traceback(exc.__traceback__)
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         exit_info.update(status="raised", code=1, exception={
             "type": type(exc).__name__, "message": str(exc)[:2000], "path": path, "line": line,
-            "traceback": tb[-6000:], "step": rec.steps})
+            "traceback": script_traceback(exc)[-6000:], "step": rec.steps})
+        if caused_by_tool(exc):  # our bug, not the script's: kept whole for a bug report
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            exit_info["exception"].update(caused_by_tool=True, tool_traceback=tb[-6000:])
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     writer.final(exit_info)
     sys.stdout.flush()
@@ -90,6 +96,7 @@ class _Writer:
         self.rec = rec
         self.numerics = numerics
         self.last = 0.0
+        self.sections: dict = {}  # name -> callable adding a section (trace --nproc: "distributed")
 
     def payload(self, exit_info: dict | None) -> dict:
         rec = self.rec
@@ -98,13 +105,24 @@ class _Writer:
                 "scheduler_after_scaler_steps": rec.scheduler_after_scaler_steps,
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
-                "exit": exit_info, "final": exit_info is not None, "framework": _framework_result()}
+                "exit": exit_info, "final": exit_info is not None, "framework": _framework_result(),
+                "autocast_policy": self._policy(), "step_unit": rec.step_unit}
+
+    policy: tuple = ("host", None)
+
+    def _policy(self) -> dict:
+        from ..engine.autocast_policy import describe
+
+        name, run = self.policy
+        return describe(run, name, (_device_used(self.rec).get("type") or "cpu"))
 
     def _write(self, exit_info: dict | None) -> None:
         from ..jsonsafe import jsonable
         tmp = self.path + ".tmp"
+        payload = self.payload(exit_info)
+        payload.update({name: section() for name, section in self.sections.items()})
         with open(tmp, "w") as fh:
-            json.dump(jsonable(self.payload(exit_info)), fh)
+            json.dump(jsonable(payload), fh)
         os.replace(tmp, self.path)
 
     def snapshot(self) -> None:
@@ -118,6 +136,18 @@ class _Writer:
 
     def final(self, exit_info: dict) -> None:
         self._write(exit_info)
+
+
+def _autocast_policy(name: str) -> tuple:
+    """CUDA autocast's op lists for the script's CPU autocast regions, on a host without a GPU
+    (`--autocast-policy cuda`, the default): the trace then answers for the user's GPU."""
+    import torch
+
+    from ..engine.autocast_policy import PolicyRun, cuda_op_lists, install
+
+    if name != "cuda" or torch.cuda.is_available():
+        return (name, None)
+    return (name, install(PolicyRun(cuda_op_lists())).run)
 
 
 def _framework_result() -> dict:

@@ -340,6 +340,24 @@ def install(rec, emulate: bool | None = None) -> None:
         sys.meta_path.insert(0, _PatchOnImport())
 
 
+def also_after_import(name: str, patcher: Callable) -> None:
+    """One more patcher for a module, run after this layer's own (if any) when the script imports it,
+    or now if it already has: `trace --nproc`'s rank observers (trace/rank.py) use this import hook
+    rather than a second one (two finders that delegate to each other recurse forever)."""
+    first = PATCHERS.get(name)
+    if first is None:
+        PATCHERS[name] = patcher
+    else:
+        def both(module, first=first):
+            _quietly(first, module)
+            patcher(module)
+        PATCHERS[name] = both
+    if name in sys.modules:
+        _quietly(patcher, sys.modules[name])
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
 def _version(dist: str) -> str | None:
     try:
         from importlib.metadata import version

@@ -4,8 +4,10 @@ files made the call."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
+import traceback
 
 import torch
 
@@ -19,6 +21,7 @@ _SKIP = tuple(sorted({
 # it. Without a virtualenv site-packages sits below the stdlib path and was skipped with it; in a
 # virtualenv it was not, and a GradScaler was "made" in typing_extensions.py.
 _INSTALLED = {"site-packages", "dist-packages"}
+_TOOL = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # troubleshooter/
 _cache: dict[str, bool] = {}
 
 
@@ -45,6 +48,16 @@ def short_path(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def display_path(path: str) -> str:
+    """A path as a report shows it: relative to the current directory below it, an installed
+    package's file from its package folder on (`torch/serialization.py`), else as given."""
+    parts = path.split(os.sep)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in _INSTALLED:
+            return os.sep.join(parts[i + 1:])
+    return short_path(path)
+
+
 def user_frame(depth: int = 2) -> tuple[str | None, int | None, str | None]:
     """(path, line, function) of the innermost user frame above the caller."""
     frame = sys._getframe(depth)
@@ -64,3 +77,43 @@ def user_frame_of_traceback(tb) -> tuple[str | None, int | None]:
             found = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
         tb = tb.tb_next
     return found
+
+
+def is_tool_file(filename: str) -> bool:
+    """A file of this package (the child that runs the script, the wrappers around torch calls)."""
+    return not filename.startswith("<") and os.path.realpath(filename).startswith(_TOOL)
+
+
+def script_traceback(exc: BaseException) -> str:
+    """The exception's traceback as the script's own: this package's frames (the child that runs
+    the script, the thin wrappers around torch calls) and runpy's are left out, so a user reads
+    their lines and torch's, never the tool's."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    _strip(te, set())
+    return "".join(te.format())
+
+
+def _strip(te: traceback.TracebackException, seen: set[int]) -> None:
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not is_tool_file(f.filename) and not f.filename.startswith("<frozen runpy")])
+    for chained in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if chained is not None:
+            _strip(chained, seen)
+
+
+# a line of ours that only hands a call on to what it wraps (torch's function, the script's op)
+_PASS_THROUGH = re.compile(r"\b(orig|original|func|op|target)(\.redispatch)?\(")
+_OUR_NAMES = re.compile(r"troubleshooter|main\.<locals>|\b(HookSet|Numerics|OutsideOps|Recorder|PolicyRun|OpTape|"
+                        r"HalfOnFloat32|TraceStop|TraceTimeout)\b")
+
+
+def caused_by_tool(exc: BaseException) -> bool:
+    """The exception comes from this package, not from the script: raised by a line of ours that
+    is not just handing a call on, or naming one of our objects (a pickling error about a hook)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and is_tool_file(frames[-1].filename) and not _PASS_THROUGH.search(frames[-1].line or ""):
+        return True
+    return bool(_OUR_NAMES.search(str(exc)))

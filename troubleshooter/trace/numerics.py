@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import inspect
 import math
-import re
 import sys
 from contextlib import contextmanager
 from functools import partial
@@ -24,7 +23,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..engine.hook_registry import ours, remove
 from ..engine.nanhooks import HookSet, _tensors, number
+from ..engine.nanhunt import blamed_module, made_by
 from .locate import is_user_file
 from .outside import OutsideOps
 from .recorder import Recorder, _autocast_now
@@ -55,19 +56,7 @@ def _state_restored(model: nn.Module):
                 b.copy_(saved)
 
 
-_MADE_IN = re.compile(r"code in the forward\(\) of '([^']+)' \(")
-
-
-def making_module(fwd: dict | None) -> str | None:
-    """The module whose own forward() code (not a submodule) made the first non-finite value:
-    an overflowing `q @ k.T` in Attention.forward shows up first at the input of its `proj`
-    Linear, but the first module to go non-finite is the Attention itself."""
-    if not fwd or fwd.get("inputs_finite") is not False:
-        return None
-    m = _MADE_IN.match(str(fwd.get("source") or ""))
-    if m is None:
-        return None
-    return "" if m.group(1) == "<root>" else m.group(1)  # "": the model's own forward()
+making_module = made_by  # the engine's reading: one place decides which module made a value
 
 
 def _call_kwargs(module: nn.Module) -> dict | None:
@@ -117,6 +106,8 @@ class Numerics:
         self.outside = OutsideOps()  # the loss computed from the model's output, outside it
         self._outside_watch: list = []
         self.outside_event: dict | None = None
+        self.collapse_checked = False
+        self.collapse_event: dict | None = None  # --nan: a half-precision forward collapse
         rec.before_backward = self._end_outside
         rec.before_update = self._check_outside
         self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
@@ -149,9 +140,9 @@ class Numerics:
         if self._outside_watch and self._outside_watch[0][1] is model:
             return
         for handle, _ in self._outside_watch:
-            handle.remove()
-        self._outside_watch = [(model.register_forward_pre_hook(self._pause_outside), model),
-                               (model.register_forward_hook(self._start_outside), model)]
+            remove(handle)
+        self._outside_watch = [(ours(model.register_forward_pre_hook(self._pause_outside)), model),
+                               (ours(model.register_forward_hook(self._start_outside)), model)]
 
     def _pause_outside(self, module, args) -> None:
         self.outside.disarm()
@@ -209,12 +200,12 @@ class Numerics:
         self._stop_watch()
         self.model = model
         self._watch_outside(model)
-        self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
-                       model.register_forward_hook(self._keep_output_grads)]
+        self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)),
+                       ours(model.register_forward_hook(self._keep_output_grads))]
 
     def _stop_watch(self) -> None:
         for handle in self._watch:
-            handle.remove()
+            remove(handle)
         self._watch = []
         self._last_in = None
         self._out_grads = {}
@@ -288,6 +279,11 @@ class Numerics:
                 report = hooks.collect()
                 hooks.detach()
                 reference = self._fp32_reference(model, args, kwargs, device, ac_on, ac_dtype, report.forward)
+            if report.forward is None and report.backward is not None and not self.collapse_checked:
+                # a finite forward with non-finite gradients: a forward that collapsed (an inf
+                # swallowed into zeros) is the cause, and the finding to give
+                self.collapse_checked = True
+                self._collapse_of((args, kwargs, (device, ac_on, ac_dtype)), rec.steps)
         finally:
             rec.muted = False
             hooks.detach()
@@ -340,7 +336,7 @@ class Numerics:
         self._watch_outside(model)
         self.hooks = HookSet(model).attach()
         if self.nan and not self._watch:  # --nan: the root call's inputs, for the float32 reference
-            self._watch = [model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)]
+            self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True))]
 
     def _detach(self) -> None:
         if self.hooks is not None:
@@ -370,12 +366,16 @@ class Numerics:
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
         self.outside.clear()  # the step is done: let its loss tensors go
+        if rec.model_param_dtypes is None and self.model is not None:
+            rec.note_model(self.model)
         if not self.nan and step["step"] == 0 and rec.optimizers:
             self._check_watched_model()
         if self.headroom:
             self._measure_headroom(step)
         if self.hooks is not None:
             self._collect(step)
+        if self.nan and not self.collapse_checked and isinstance(step.get("loss"), float) and not step["skipped"]:
+            self._check_collapse(step)
         if self.nan and self.hooks is None and rec.optimizers:
             model = self.trained_model()  # the model was not called as a module, or another one was
             if model is not None:
@@ -434,6 +434,36 @@ class Numerics:
         if reference is not None:
             event["reference"] = reference
 
+    def _check_collapse(self, step: dict) -> None:
+        """--nan, once: the first finite step's forward, re-run in its half precision and in
+        float32, for a module output that collapsed (AMP212, trace/collapse.py)."""
+        if self.model is None or self._last_in is None:
+            return
+        self.collapse_checked = True
+        hooks, self.hooks = self.hooks, None
+        if hooks is not None:
+            hooks.detach()
+        self.rec.muted = True
+        try:
+            self._collapse_of(self._last_in, step["step"])
+        finally:
+            self.rec.muted = False
+            if hooks is not None:
+                self.hooks = HookSet(self.model).attach()
+
+    def _collapse_of(self, last_in: tuple, step: int) -> None:
+        """Run the collapse check (trace/collapse.py) on the model and these inputs; keep what it finds."""
+        from . import collapse
+
+        try:
+            found = collapse.check(self.model, last_in, _state_restored)
+        except Exception as exc:  # noqa: BLE001 - best effort: the run's other findings stand
+            self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            found = None
+        if found is not None:
+            found.update(step=step, where=module_source(self.model, found["collapse"]["module"]))
+            self.collapse_event = found
+
     def _rerun_covered(self, step: dict) -> bool:
         """A re-run already looked at this step (and found it a calibration skip, or nothing)."""
         return self.last_rerun_step == step["step"] and not self.rerun_error
@@ -448,7 +478,7 @@ class Numerics:
             "precision": _precision(report.autocast, dtype), "autocast": report.autocast,
             "forward": fwd, "backward": bwd, "loss_grad_nonfinite": report.loss_grad_nonfinite,
             "mode": mode, "parameters_nonfinite_before": [] if mode.startswith("re-run") else self.params_nonfinite[:10],
-            "where": module_source(self.model, (fwd or bwd or {}).get("module")),
+            "where": module_source(self.model, blamed_module(fwd) if fwd is not None else (bwd or {}).get("module")),
         })
 
     def _check_watched_model(self) -> None:
@@ -461,11 +491,14 @@ class Numerics:
                 self._start_watch(model)
 
     def _check_model_is_trained(self) -> None:
+        """--nan: the hooked model must be the one the optimizers train; a model whose optimizer
+        updates float32 master copies of its half weights (hand-written fp16) trains no module's
+        parameters directly, and keeps its hooks."""
         params = {id(p) for opt in list(self.rec.optimizers) for g in opt.param_groups for p in g["params"]}
         if self.model is not None and not any(id(p) in params for p in self.model.parameters()):
-            self._detach()
             model = self.trained_model()
-            if model is not None:
+            if model is not None and model is not self.model:
+                self._detach()
                 self._attach(model)
 
     # -- headroom --------------------------------------------------------------------------
@@ -492,7 +525,7 @@ class Numerics:
         """Remove every hook this object added."""
         self.outside.disarm()
         for handle, _ in self._outside_watch:
-            handle.remove()
+            remove(handle)
         self._outside_watch = []
         self._remove_discovery()
         self._stop_watch()
@@ -504,7 +537,7 @@ class Numerics:
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
                "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
-               "outside": self.outside_event}
+               "outside": self.outside_event, "collapse": self.collapse_event}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out

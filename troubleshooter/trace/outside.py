@@ -20,6 +20,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..engine.collapse import op_name as _op_name
 from .locate import is_user_file
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
@@ -74,17 +75,6 @@ def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
         return flags[0]
     device = flags[0].device
     return torch.stack([f.to(device) for f in flags]).all()
-
-
-def _op_name(func) -> str:
-    name = getattr(func, "__name__", None) or repr(func)
-    qual = getattr(func, "__qualname__", "") or ""
-    if qual.startswith("TensorBase.") or qual.startswith("Tensor."):
-        return "Tensor." + name
-    module = getattr(func, "__module__", None) or ""
-    if module.startswith("torch.nn.functional"):
-        return "F." + name
-    return f"torch.{name}" if module.startswith("torch") else name
 
 
 class OutsideOps(TorchFunctionMode):

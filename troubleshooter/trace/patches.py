@@ -182,9 +182,11 @@ def _patch_backward(rec: Recorder) -> None:
             rec.on_backward(self)
             rec.in_tensor_backward = True  # Tensor.backward calls torch.autograd.backward: count once
             try:
-                return orig(self, *args, **kwargs)
+                out = orig(self, *args, **kwargs)
             finally:
                 rec.in_tensor_backward = False
+            rec.after_backward()
+            return out
         return backward
 
     _wrap(torch.Tensor, "backward", make_tensor_backward)
@@ -192,10 +194,13 @@ def _patch_backward(rec: Recorder) -> None:
 
     @functools.wraps(original)
     def autograd_backward(tensors, *args, **kwargs):
-        if not rec.in_tensor_backward:
-            first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
-            rec.on_backward(first)
-        return original(tensors, *args, **kwargs)
+        if rec.in_tensor_backward:
+            return original(tensors, *args, **kwargs)
+        first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        rec.on_backward(first)
+        out = original(tensors, *args, **kwargs)
+        rec.after_backward()
+        return out
 
     _set(torch.autograd, "backward", autograd_backward)
 

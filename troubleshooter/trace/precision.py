@@ -9,6 +9,7 @@ without CUDA, so every step is float32; a trace that found no protocol mistake m
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..findings import Finding, Location, Severity
@@ -33,25 +34,52 @@ def in_effect(raw: dict) -> dict[str, Any]:
     param_dtype = seen.get("param_dtype")
     active = [a for a in autocast if a.get("enabled") and a.get("dtype") in HALF
               and (device_type is None or a.get("device") == device_type)]
+    model_half = _half_weights(seen.get("model_param_dtypes"))
     if active:
         compute = "/".join(sorted({a["dtype"] for a in active})) + " autocast"
     elif param_dtype in HALF:
         compute = f"{param_dtype} weights, no autocast"
+    elif model_half is not None:  # half weights, float32 master copies in the optimizer
+        compute = f"{model_half[0]} weights, no autocast"
     elif param_dtype:
         compute = param_dtype
     else:
         compute = "unknown: no optimizer step was seen"
-    mixed = bool(active) or param_dtype in HALF
+    mixed = bool(active) or param_dtype in HALF or model_half is not None
     on = [s for s in scalers if s.get("enabled")]
     parts = [f"{compute}" + (f" on {device_type}" if device_type else "")]
+    by_hand = model_half is not None and param_dtype not in HALF and not active
+    if by_hand:
+        parts.append(f"{model_half[1]:.0%} of the model's parameters are {model_half[0]}; the optimizer updates "
+                     f"{param_dtype or 'float32'} master copies (hand-written mixed precision)")
+    if seen.get("loss_multiplier") and not on:
+        scale = float(seen["loss_multiplier"])
+        parts.append(f"the loss is multiplied by 2**{math.log2(scale):.4g} = {scale:.6g} before backward() "
+                     "(hand-written loss scaling)")
     if active:
         parts += [f"{a['count']} {a['dtype']} autocast regions entered, the first at {_at(a)}" for a in active[:2]]
+    policy = raw.get("autocast_policy") or {}
+    if any(a.get("device") == "cpu" for a in active) and policy.get("label"):
+        parts.append(f"autocast op lists: {policy['label']}")
     if on:
         parts.append("GradScaler enabled (" + ", ".join(_at(s) for s in on[:2]) + ")")
     elif scalers:
         parts.append("GradScaler made but disabled (" + ", ".join(_at(s) for s in scalers[:2]) + ")")
     return {"compute": compute, "mixed": mixed, "device": device_type, "param_dtype": param_dtype,
-            "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts)}
+            "master_weights": param_dtype if by_hand else None,
+            "loss_scale_by_hand": seen.get("loss_multiplier") if not on else None,
+            "steps": steps, "autocast": autocast, "scalers": scalers, "summary": "; ".join(parts),
+            "autocast_policy": policy.get("policy")}
+
+
+def _half_weights(counts: dict | None) -> tuple[str, float] | None:
+    """(half dtype, share) when most parameter elements of the model that ran the forward are in
+    one half dtype, else None."""
+    total = sum((counts or {}).values())
+    if not total:
+        return None
+    dtype, n = max(((d, n) for d, n in counts.items() if d in HALF), key=lambda x: x[1], default=(None, 0))
+    return (dtype, n / total) if dtype is not None and n / total >= 0.5 else None
 
 
 def ran_without_mixed_precision(section: dict) -> bool:

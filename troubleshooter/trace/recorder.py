@@ -8,6 +8,7 @@ user's file and line where the offending call ran. `analysis` turns them into Fi
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from typing import Any, Callable
@@ -56,6 +57,7 @@ class Recorder:
         self.timeline: list[dict] = [self._new_step(0)]
         self.violations: list[dict] = []
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
+        self.scaled_outputs: dict[int, tuple] = {}  # id(scaler.scale() output) -> (its weakref, scaler weakref)
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self.device_seen: dict | None = None  # the device of the first trained parameter
         self.param_dtype: str | None = None  # and its dtype
@@ -88,6 +90,10 @@ class Recorder:
         self.manual_flagged: set[str] = set()
         self.steps_at_scheduler: dict[int, int] = {}  # id(scheduler) -> optimizer steps at its last step()
         self.scaler_steps = 0
+        self.step_unit = "optimizer"  # "backward": no torch.optim optimizer, each backward() is a step
+        self.model_param_dtypes: dict[str, int] | None = None  # the forward's model, elements per dtype
+        self.loss_multiplier: float | None = None  # a constant the loss was multiplied by before backward()
+        self.manual_fp16_backwards = 0
         self.losses: list[torch.Tensor] = []
         self.series: list[dict] = []  # per completed step: skipped, scale, loss
         self.started = time.monotonic()
@@ -162,7 +168,25 @@ class Recorder:
         autocast = [{**{k: v for k, v in site.items() if k != "steps"}, "steps": len(site["steps"])}
                     for site in self.autocast_sites.values()]
         return {"autocast": autocast, "scalers": [dict(site) for site in self.scaler_sites],
-                "param_dtype": self.param_dtype}
+                "param_dtype": self.param_dtype, "model_param_dtypes": self.model_param_dtypes,
+                "loss_multiplier": self.loss_multiplier}
+
+    def note_model(self, model) -> None:
+        """The parameters of the model that ran the forward, by dtype: a hand-written fp16 loop
+        (half weights, float32 master copies in the optimizer, as improved-diffusion's
+        --use_fp16) computes in float16 although the optimizer's parameters are float32, and a
+        loop without an optimizer has only these."""
+        counts: dict[str, int] = {}
+        first = None
+        for p in model.parameters():
+            if p.is_floating_point():
+                first = p if first is None else first
+                key = str(p.dtype).replace("torch.", "")
+                counts[key] = counts.get(key, 0) + p.numel()
+        self.model_param_dtypes = counts
+        if self.device_seen is None and first is not None:
+            self.device_seen = device_of(first)
+            self.param_dtype = str(first.dtype).replace("torch.", "")
 
     def _frameworks_autocast(self) -> bool:
         """The innermost enabled autocast region was opened by a framework around the user's code
@@ -181,7 +205,8 @@ class Recorder:
         if self.before_backward is not None:
             self.before_backward(self)
         self.maybe_stop()
-        scaled_by = getattr(tensor, "_trace_scaled_by", None) if isinstance(tensor, torch.Tensor) else None
+        entry = self.scaled_outputs.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+        scaled_by = entry[1] if entry is not None and entry[0]() is tensor else None
         ev = self.event("backward", scaled=scaled_by is not None)
         ac = _autocast_now()
         if ac is not None and not self._frameworks_autocast():
@@ -199,19 +224,33 @@ class Recorder:
             self.scaled_pending = True
             self.unscaled_params.clear()
         if isinstance(tensor, torch.Tensor) and tensor.numel() == 1 and not record["scaled"]:
-            self.losses.append(tensor.detach())
+            scale = loss_scale_of(tensor)
+            if scale is not None and self.loss_multiplier is None:
+                self.loss_multiplier = scale
+            self.losses.append(tensor.detach() / scale if scale else tensor.detach())
 
     def _check_manual_update_fp16(self, record: dict) -> None:
         """AMP103 for loops with no optimizer at all (word_language_model's `p.data.add_(p.grad)`):
-        no step ever closes an iteration, so the second unscaled float16 backward confirms it."""
-        if self.steps or self.created_at or record["scaled"] or not record["fp16"] or self.enabled_scalers():
+        no optimizer step closes an iteration, so the second unscaled float16 backward confirms it."""
+        if (self.steps and self.step_unit != "backward") or self.created_at or record["scaled"] \
+                or not record["fp16"] or self.enabled_scalers():
             return
-        if "AMP103" in self.manual_flagged or sum(b["fp16"] and not b["scaled"] for b in self.backwards) < 2:
+        self.manual_fp16_backwards += 1
+        if "AMP103" in self.manual_flagged or self.manual_fp16_backwards < 2:
             return
         self.manual_flagged.add("AMP103")
         self.violation("AMP103", record["ev"], "backward() of a loss computed under float16 autocast, "
                        "without GradScaler, in a loop that updates the weights without an optimizer: small "
                        "gradients flush to zero in float16", manual_update=True)
+
+    def after_backward(self) -> None:
+        """A loop with no torch.optim optimizer (hand-written SGD, `p.data.add_(...)`) never makes
+        an optimizer step, so it would never reach --steps: there each backward pass is the step
+        (the weight update after it still runs; the next forward or backward stops the script)."""
+        if self.muted or self.created_at or self.step_unit == "optimizer" and self.steps:
+            return
+        self.step_unit = "backward"
+        self.complete_step(skipped=False, via_scaler=False)
 
     # -- GradScaler ------------------------------------------------------------------------
     def on_scaler_init(self, scaler, asked_enabled: bool | None = None) -> None:
@@ -223,9 +262,11 @@ class Recorder:
 
     def on_scale(self, scaler, loss, out) -> None:
         if isinstance(out, torch.Tensor) and _scaler_enabled(scaler):
+            # kept beside the tensor, not on it: an attribute would travel with it into pickle
+            key, table = id(out), self.scaled_outputs
             try:
-                out._trace_scaled_by = weakref.ref(scaler)
-            except (AttributeError, RuntimeError, TypeError):
+                table[key] = (weakref.ref(out, lambda _, key=key: table.pop(key, None)), weakref.ref(scaler))
+            except TypeError:
                 pass
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self.losses.append(loss.detach())
@@ -319,6 +360,7 @@ class Recorder:
 
     def on_optimizer_init(self, optimizer) -> None:
         self.created_at.setdefault(id(optimizer), user_frame(3))
+        self.step_unit = "optimizer"
 
     def on_optimizer_pre(self, optimizer) -> None:
         self._note_optimizer(optimizer)
@@ -372,8 +414,9 @@ class Recorder:
 
     # -- step boundaries --------------------------------------------------------------------
     def complete_step(self, skipped: bool, via_scaler: bool, scaler=None) -> None:
-        """One optimizer step finished (or was skipped by GradScaler): close the step's record."""
-        for b in self.backwards:
+        """One optimizer step finished (or was skipped by GradScaler), or one backward pass of a
+        loop without an optimizer: close the step's record."""
+        for b in self.backwards if self.step_unit == "optimizer" else ():  # manual loops: above
             if not b["scaled"] and b["fp16"] and not via_scaler:
                 self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
                                "without GradScaler: small gradients flush to zero in float16")
@@ -519,3 +562,23 @@ def _inspect_saved(obj, depth: int = 0) -> tuple[bool, bool]:
             opt, scaler = opt or o, scaler or s
         return opt, scaler
     return False, False
+
+
+MIN_LOSS_SCALE = 128.0  # a constant factor this large on the loss is loss scaling, not a loss weight
+
+
+def loss_scale_of(tensor) -> float | None:
+    """The loss scale of `(loss * 2 ** k).backward()`, hand-written loss scaling (improved-
+    diffusion's `2 ** lg_loss_scale`, lg growing by 1e-3 a step): a constant factor of at least
+    MIN_LOSS_SCALE on the tensor backpropagated (a loss weight of 0.5 or 10 is not one)."""
+    node = getattr(tensor, "grad_fn", None)
+    if type(node).__name__ != "MulBackward0":
+        return None
+    try:
+        other = node._saved_other
+        if not (isinstance(other, torch.Tensor) and other.numel() == 1 and not other.requires_grad):
+            return None
+        value = float(other)
+    except (RuntimeError, AttributeError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= MIN_LOSS_SCALE else None

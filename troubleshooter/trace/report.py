@@ -6,7 +6,9 @@ from typing import Any
 
 from ..findings import Finding, Severity, findings_to_markdown, has_problems, sort_key
 from ..jsonsafe import jsonable
-from .locate import short_path as _short
+import re
+
+from .locate import display_path, short_path as _short
 from .precision import ran_without_mixed_precision
 
 STATUS_TEXT = {
@@ -17,6 +19,12 @@ STATUS_TEXT = {
     "timeout": "hit the time limit and was stopped",
     "crashed": "died without reporting (killed, out of memory, or a crash in native code)",
 }
+
+
+# what `steps_observed` counts: optimizer steps, or in a loop without a torch.optim optimizer
+# (weights updated by hand) backward passes
+STEPS_COUNTED = {"optimizer": "optimizer steps",
+                 "backward": "backward passes (no torch.optim optimizer stepped, so each backward() was a step)"}
 
 
 def build(script: str, argv: list[str], device_req: str, raw: dict, findings: list[Finding],
@@ -37,7 +45,9 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "argv": argv,
         "device": {"requested": device_req, **(raw.get("device") or {"type": None, "index": None, "name": None})},
         "precision": precision,
+        "autocast_policy": raw.get("autocast_policy"),
         "steps_observed": int(raw.get("steps_observed") or 0),
+        "steps_counted": STEPS_COUNTED.get(raw.get("step_unit"), STEPS_COUNTED["optimizer"]),
         "exit": {"status": exit_info.get("status"), "exception": exc, "code": exit_info.get("code"),
                  "message": exit_info.get("message"), "description": STATUS_TEXT.get(exit_info.get("status"), ""),
                  "wall_s": proc.get("wall_s"), "stdout_tail": proc.get("stdout_tail", ""),
@@ -76,7 +86,8 @@ def _head(report: dict) -> str:
     ex = report.get("exit") or {}
     argv = " ".join(report.get("argv") or [])
     return (f"Traced `python {argv}` on {dev.get('name') or dev.get('requested')}: "
-            f"{report.get('steps_observed')} optimizer steps observed; the script {ex.get('description') or ex.get('status')}"
+            f"{report.get('steps_observed')} {report.get('steps_counted') or 'optimizer steps'} observed; "
+            f"the script {ex.get('description') or ex.get('status')}"
             + (f" after {ex['wall_s']:.1f} s" if isinstance(ex.get("wall_s"), (int, float)) else ""))
 
 
@@ -103,6 +114,16 @@ def _scale_line(report: dict) -> str | None:
             + f"; skipped steps: {', '.join(map(str, skipped)) if skipped else 'none'}")
 
 
+_FILE = re.compile(r'File "([^"]+)"')
+
+
+def _traceback_tail(exc: dict, n: int = 8) -> list[str]:
+    """The last lines of the script's traceback (the tool's own frames are never in it), with
+    installed packages' paths from the package folder on."""
+    lines = (exc.get("traceback") or "").rstrip().splitlines()[-n:]
+    return [_FILE.sub(lambda m: f'File "{display_path(m.group(1))}"', line) for line in lines]
+
+
 def render_text(report: dict) -> str:
     """The terminal report: header, findings with file:line, loss scale, exception."""
     out = [_head(report)]
@@ -126,8 +147,8 @@ def render_text(report: dict) -> str:
     if line:
         out += ["", line]
     exc = (report.get("exit") or {}).get("exception")
-    if exc:
-        out += ["", "Traceback of the script (last lines):", *exc.get("traceback", "").rstrip().splitlines()[-8:]]
+    if exc and not exc.get("caused_by_tool"):  # the tool's own failure is AMP219, with no traceback of ours
+        out += ["", "Traceback of the script (last lines):", *_traceback_tail(exc)]
     return "\n".join(out)
 
 
@@ -145,8 +166,8 @@ def render_markdown(report: dict) -> str:
     if line:
         parts.append(line)
     exc = (report.get("exit") or {}).get("exception")
-    if exc:
-        tb = "\n".join(exc.get("traceback", "").rstrip().splitlines()[-8:])
+    if exc and not exc.get("caused_by_tool"):
+        tb = "\n".join(_traceback_tail(exc))
         parts += ["", "<details><summary>Traceback of the script</summary>", "", "```", tb, "```", "</details>"]
     return "\n".join(parts) + "\n"
 

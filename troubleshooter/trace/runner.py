@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -65,7 +66,7 @@ def device_env(device: str) -> dict[str, str]:
 
 def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: float, nan: bool,
               headroom: bool, cwd: str | None, device: str,
-              progress: Callable[[float, str], None] | None = None) -> dict:
+              progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda") -> dict:
     """Run the script in a child; returns the child's raw result plus how the process ended."""
     env = dict(os.environ)  # in the app a job's minimal environment already (worker.job_environment)
     env.update(device_env(device))
@@ -74,7 +75,7 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
     with tempfile.TemporaryDirectory(prefix="amp-trace-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         config = {"script": str(script.resolve()), "argv0": argv0, "args": list(args), "steps": steps,
-                  "nan": nan, "headroom": headroom, "result": result_path}
+                  "nan": nan, "headroom": headroom, "result": result_path, "autocast_policy": autocast_policy}
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w") as fh:
             json.dump(config, fh)
@@ -89,8 +90,14 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
                     stderr=err, start_new_session=True)
             except OSError as exc:
                 raise UserError(f"cannot start {script}: {exc}") from None
-            timed_out, wall = _wait(proc, timeout_s, result_path, steps, progress)
-            _kill_leftovers(proc, before)
+            with _live_lock:
+                _live.add(proc.pid)
+            try:
+                timed_out, wall = _wait(proc, timeout_s, result_path, steps, progress)
+            finally:
+                with _live_lock:
+                    _live.discard(proc.pid)
+            _kill_leftovers(proc, before, _other_traces())
         raw = _read(result_path)
         raw["process"] = {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 3),
                           "stdout_tail": _tail(out_path), "stderr_tail": _tail(err_path)}
@@ -133,14 +140,27 @@ def _stop(proc) -> None:
         pass
 
 
-def _kill_leftovers(proc, before: set[int]) -> None:
+_live: set[int] = set()  # children of the traces still running in this process (trace_script from threads)
+_live_lock = threading.Lock()
+
+
+def _other_traces() -> set[int]:
+    """The children of the other traces this process is running now: their process trees are not
+    leftovers of this one (two trace_script calls from threads ran side by side, and the first to
+    end killed the other's script, or its DataLoader worker, as a "new descendant")."""
+    with _live_lock:
+        return set(_live)
+
+
+def _kill_leftovers(proc, before: set[int], spare: set[int] = frozenset()) -> None:
     """Processes the script started (DataLoader workers, a setsid() or double-forked helper) must
-    not outlive the trace: its group, then every process below us that was not there before."""
+    not outlive the trace: its group, then every process below us that was not there before, but
+    for the process trees of the other traces running beside it (`spare`)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    proctree.kill_new_descendants(before)
+    proctree.kill_new_descendants(before, spare)
 
 
 def _steps_in(result_path: str) -> int:

@@ -18,6 +18,7 @@ from typing import Callable
 import gradio as gr
 from gradio import FileData
 
+from ..errors import UserError
 from . import check, common, diagnose, questionnaire, recipe, specinput, speedup, trace
 
 
@@ -74,11 +75,14 @@ def rules(rule_id: str = "") -> tuple[str, str]:
 def check_model(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
                 weights_file: FileData | None = None, device: str = "auto",
                 checks: str = ",".join(check.CHECK_NAMES), steps: float = 20,
-                budget_s: float = check.DEFAULT_UI_BUDGET_S) -> tuple[str, FileData | None]:
+                budget_s: float = check.DEFAULT_UI_BUDGET_S, autocast_policy: str = "cuda") \
+        -> tuple[str, FileData | None]:
     """Run the checks on a model (the first given of spec_file, yaml_text, preset) within budget_s
-    seconds: (the `check --format json` object, the skip-rate plot PNG or none)."""
+    seconds: (the `check --format json` object, the skip-rate plot PNG or none). autocast_policy:
+    on a CPU host, `cuda` (default) follows CUDA autocast's op lists, `host` the CPU's own."""
     source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
-    report = check.run(source, device, checks, steps, budget_s=budget_s)  # typed up to here
+    report = check.run(source, device, checks, steps, budget_s=budget_s,
+                       autocast_policy=autocast_policy)  # typed up to here
     return as_json_text(report.to_dict()), _file(common.save_figure(check.skiprate_figure(report), "skiprate.png"))
 
 
@@ -126,12 +130,37 @@ def recipe_loop(options: str = "{}") -> tuple[str, FileData]:
 
 
 @endpoint
-def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto") \
-        -> tuple[str, FileData | None]:
+def trace_run(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+              autocast_policy: str = "cuda") -> tuple[str, FileData | None]:
     """Run the user's training script for a few steps on this host (only with --allow-exec):
-    (the trace JSON, the loss-scale plot PNG or none)."""
-    result = trace.run("", script, args, steps, device)
+    (the trace JSON, the loss-scale plot PNG or none). autocast_policy: on a host without a GPU,
+    `cuda` (default) follows CUDA autocast's op lists, `host` the CPU's own."""
+    result = trace.run("", script, args, steps, device, autocast_policy=autocast_policy)
     return as_json_text(result), _file(common.save_figure(trace.scale_figure(result), "loss_scale.png"))
+
+
+# Under torch.distributed: endpoints of their own, so the parameters of /trace and /check stay as
+# they were (a raw HTTP caller sends every parameter, and one more would break its calls).
+@endpoint
+def trace_ranks(script: FileData | None = None, args: str = "", steps: float = 20, device: str = "auto",
+                nproc: float = 2, autocast_policy: str = "cuda") -> str:
+    """Run the training script under torch.distributed.run with nproc ranks (only with --allow-exec;
+    at most --max-nproc and the host's CPU cores or GPUs): the merged trace JSON (docs/distributed.md).
+    autocast_policy: as /trace."""
+    return as_json_text(trace.run("", script, args, steps, device, nproc=nproc, autocast_policy=autocast_policy))
+
+
+@endpoint
+def check_ranks(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None,
+                weights_file: FileData | None = None, device: str = "auto", nproc: float = 2, wrap: str = "ddp",
+                param_dtype: str = "float16", reduce_dtype: str = "", steps: float = 20) -> str:
+    """The skip-rate and NaN checks on nproc ranks, the model wrapped in DDP or FSDP2 (`check --nproc`
+    JSON): the ranks' skip agreement and what the reduce dtype does to the gradients."""
+    source = specinput.source_for_api(preset, yaml_text, spec_file, weights_file)
+    ranks = check.parse_nproc(nproc, device)
+    if ranks is None:
+        raise UserError("check_ranks runs on several processes: nproc must be 2 or more (use /check for one)")
+    return as_json_text(check.run_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps))
 
 
 FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
@@ -181,6 +210,9 @@ RETURNS = {
     "trace": (("result", f"{JSON_TEXT}: the trace's object (protocol, loss scale, skipped steps, first non-finite "
                          "module, findings), `script` = the file name", _trace_words),
               ("loss_scale_png", "the loss scale per step (file; none when no GradScaler ran)")),
+    "trace_ranks": (("result", f"{JSON_TEXT}: the ranks' merged trace (docs/distributed.md)", _trace_words),),
+    "check_ranks": (("report", f"{JSON_TEXT}: check --nproc's object: the ranks' skip agreement and what the "
+                               "reduce dtype does to the gradients", common.api_words),),
 }
 # Inputs whose format a caller must know, shown beside their type.
 PARAMS = {
@@ -192,6 +224,9 @@ PARAMS = {
     "answers": 'a JSON object with the keys of `ask`, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}',
     "options": 'a JSON object of recipe options, e.g. {"precision": "bf16", "clip": 1.0}',
     "args": "the script's command line, split as a shell would (no shell runs it)",
+    "autocast_policy": 'on a host without a GPU: "cuda" (CUDA autocast\'s op lists, emulated) or "host" (the CPU\'s own)',
+    "nproc": "processes (ranks) under torch.distributed",
+    "wrap": '"ddp" or "fsdp2"',
 }
 
 
@@ -208,6 +243,8 @@ def register(gpu_queue: dict, lint_queue: dict) -> None:
     publish(explain, "explain", **FAST)
     publish(recipe_loop, "recipe", **FAST)
     publish(trace_run, "trace", **gpu_queue)
+    publish(trace_ranks, "trace_ranks", **gpu_queue)
+    publish(check_ranks, "check_ranks", **gpu_queue)
 
 
 def publish(fn: Callable, api_name: str, **queue) -> None:

@@ -7,6 +7,7 @@ import json
 
 from ..errors import UserError
 from . import common, host, jobs, specinput
+from .ranks import check_ranks_markdown, parse_nproc
 from .server import SETTINGS
 
 CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
@@ -15,6 +16,8 @@ CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignm
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
 DEFAULT_UI_BUDGET_S = 60.0  # as the CLI's --budget
 MIN_UI_BUDGET_S = 5.0  # the page's number box
+# the page's choice of autocast policy on a CPU host (engine.autocast_policy)
+AUTOCAST_POLICY_CHOICES = [("CUDA's (answers for your GPU)", "cuda"), ("this CPU's own (training on CPUs)", "host")]
 CHECKPOINT_KINDS = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
 
 
@@ -53,20 +56,21 @@ def _budget(budget_s) -> float:
     return min(value, max(MIN_UI_BUDGET_S, SETTINGS.job_timeout_s * 0.8))
 
 
-def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S) -> dict:
+def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S,
+            autocast_policy="cuda") -> dict:
     """The `check_source` keyword arguments for these page/API values, validated by the engine."""
     from ..engine.check import check_options
 
     return check_options(device=(device or "auto").strip() or "auto", only=_only(checks), steps=_steps(steps),
-                         budget_s=_budget(budget_s))
+                         budget_s=_budget(budget_s), autocast_policy=autocast_policy)
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
-        budget_s: float = DEFAULT_UI_BUDGET_S):
+        budget_s: float = DEFAULT_UI_BUDGET_S, autocast_policy: str = "cuda"):
     """The `CheckReport` for `source`, measured in a worker process (it crosses back typed)."""
     from ..engine.check import check_report
 
-    kwargs = options(device, checks, steps, budget_s)
+    kwargs = options(device, checks, steps, budget_s, autocast_policy)
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
     key = host.device_key(kwargs["device"])  # the engine's resolved name: "CPU" and "cpu" share a lock
@@ -94,14 +98,20 @@ def skiprate_figure(report):
 
 
 def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, steps,
-             budget_s=DEFAULT_UI_BUDGET_S, progress=None) -> tuple:
+             budget_s=DEFAULT_UI_BUDGET_S, autocast_policy="cuda", nproc=1, wrap="ddp", param_dtype="float16",
+             reduce_dtype="", progress=None) -> tuple:
     """The Run button: (status, capability, findings, alignment summary, alignment rows,
     skip-rate text, skip-rate plot, NaN text, headroom text, headroom rows, JSON download), every
-    text from the renderer the CLI prints with."""
+    text from the renderer the CLI prints with. With processes > 1 the skip-rate and NaN checks
+    run under torch.distributed (`run_distributed`) and the status shows the per-rank table."""
     from ..engine import check_render as render
 
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload, weights)
-    report = run(source, device, checks, steps, progress=progress, budget_s=budget_s)
+    ranks = parse_nproc(nproc, (device or "auto").strip() or "auto")
+    if ranks is not None:
+        return _ui_distributed(source, device, ranks, wrap, param_dtype, reduce_dtype, steps, progress)
+    report = run(source, device, checks, steps, progress=progress, budget_s=budget_s,
+                 autocast_policy=autocast_policy)
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page
@@ -111,6 +121,40 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
             render.alignment_rows(report), say(render.section_markdown(report, "skiprate")),
             skiprate_figure(report), say(render.section_markdown(report, "nan")),
             say(render.section_markdown(report, "headroom")), render.headroom_rows(report), path)
+
+
+def run_distributed(source, device: str, nproc: int, wrap: str, param_dtype: str, reduce_dtype, steps,
+                    progress=None) -> dict:
+    """`check --nproc` in a worker; its ranks stop at the server's time limit, before the worker's."""
+    from ..engine.distributed_check import check_options
+
+    device = (device or "auto").strip() or "auto"
+    check_options(nproc, wrap, param_dtype, reduce_dtype or None, device, host=False)  # before a worker starts
+    specinput.validate(source)
+    limit = SETTINGS.job_timeout_s
+    return jobs.run_job(_checked, source, timeout_s=limit + 30, progress=progress, device_key=host.device_key(device),
+                        limit_s=limit, nproc=nproc, wrap=wrap, param_dtype=param_dtype,
+                        reduce_dtype=reduce_dtype or None, steps=int(_steps(steps)), device=device,
+                        allow_exec=SETTINGS.allow_exec)
+
+
+def _checked(source, limit_s: float, progress=None, **kwargs) -> dict:
+    """In the worker: `check_distributed` with the server's time limit for its ranks (picklable)."""
+    from ..engine.distributed_check import check_distributed
+
+    return check_distributed(source, timeout_s=limit_s, progress=progress, **kwargs)
+
+
+def _ui_distributed(source, device, nproc, wrap, param_dtype, reduce_dtype, steps, progress) -> tuple:
+    result = run_distributed(source, device, nproc, wrap, param_dtype, reduce_dtype, steps, progress)
+    path = common.write_download("check_distributed.json", json.dumps(result, indent=2, default=str))
+    from ..findings import Severity
+
+    worst_first = sorted(result.get("findings") or [], key=lambda f: -Severity.parse(f["severity"]).rank)
+    findings = "\n\n".join(f"**{f['severity']} {f['rule']} {f['name']}**: {f['message']}"
+                             for f in worst_first) or "No findings."
+    status = f"*{common.stamp()}* · " + common.for_page(check_ranks_markdown(result))
+    return status, "", common.for_page(findings), "", [], "", None, "", "", [], path
 
 
 # ---------------------------------------------------------------- checkpoint and device

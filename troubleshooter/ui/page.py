@@ -70,8 +70,13 @@ def _diagnose_tab() -> None:
                 with gr.Row():
                     trace_steps = gr.Number(20, precision=0, minimum=1, maximum=trace.MAX_STEPS,
                                             label="Steps", elem_id="trace-steps", scale=1)
+                    trace_nproc = gr.Number(1, precision=0, minimum=1, maximum=SETTINGS.max_nproc, scale=1,
+                                            label=f"Processes (torchrun, at most {SETTINGS.max_nproc})",
+                                            elem_id="trace-nproc")
                     trace_args = gr.Textbox("", label="Script arguments (as on a command line)",
                                             placeholder="--epochs 1 --batch-size 8", elem_id="trace-args", scale=3)
+                trace_policy = gr.Radio(check.AUTOCAST_POLICY_CHOICES, value="cuda", elem_id="trace-autocast-policy",
+                                        label="Autocast op lists on a host without a GPU")
                 trace_btn = gr.Button("Run it on this host" if SETTINGS.allow_exec else
                                       "Run it on this host (needs --allow-exec on the server)",
                                       interactive=SETTINGS.allow_exec, elem_id="trace-run")
@@ -158,7 +163,8 @@ def _diagnose_tab() -> None:
     trace_btn.click(page_event(run_view, len(outputs), blank=blank), [code, upload], outputs,
                     **lint_queue(), **page("ui_trace_lint")) \
         .then(page_event(trace_and_show, len(trace_outputs), progress=True, clear=False),
-              [code, upload, trace_args, trace_steps, lint_rows, lint_rules], trace_outputs,
+              [code, upload, trace_args, trace_steps, lint_rows, lint_rules, trace_policy, trace_nproc],
+              trace_outputs,
               **gpu_queue(), **page("ui_trace"))
 
 
@@ -239,6 +245,19 @@ def _check_tab() -> None:
                                    label="Time budget (s), shared by the checks", elem_id="check-budget")
             checks = gr.CheckboxGroup([(check.CHECK_LABELS[c], c) for c in check.CHECK_NAMES],
                                       value=list(check.CHECK_NAMES), label="Checks", elem_id="check-checks")
+            policy = gr.Radio(check.AUTOCAST_POLICY_CHOICES, value="cuda", elem_id="check-autocast-policy",
+                              label="Autocast op lists on a CPU host")
+            with gr.Accordion("Under torch.distributed (skip rate and NaN, on several ranks)", open=False):
+                with gr.Row():
+                    nproc = gr.Number(1, precision=0, minimum=1, maximum=SETTINGS.max_nproc, elem_id="check-nproc",
+                                      label=f"Processes (1: one process; at most {SETTINGS.max_nproc})")
+                    wrap = gr.Dropdown([("DDP", "ddp"), ("FSDP2 fully_shard", "fsdp2")], value="ddp",
+                                       label="Wrapped in", elem_id="check-wrap")
+                with gr.Row():
+                    param_dtype = gr.Dropdown(["float16", "bfloat16", "float32"], value="float16",
+                                              label="Compute dtype (param_dtype)", elem_id="check-param-dtype")
+                    reduce_dtype = gr.Dropdown([("as FSDP2/DDP default", ""), "float16", "bfloat16", "float32"],
+                                               value="", label="Reduce dtype", elem_id="check-reduce-dtype")
             run = gr.Button("Run checks", variant="primary", elem_id="check-run")
         with gr.Column(scale=2, min_width=560):
             status = gr.Markdown(elem_id="check-status", elem_classes=["status-box"])
@@ -266,7 +285,8 @@ def _check_tab() -> None:
                 inspect_md = gr.Markdown(elem_id="check-inspect-result")
                 inspect_json = gr.JSON(label="Checkpoint report (JSON)", open=False)
     outputs = [status, capability, findings, align_md, align, skip_md, skip_plot, nan_md, head_md, head_rows, json_file]
-    run.click(page_event(check.ui_check, len(outputs), progress=True), [*model, device, checks, steps, budget], outputs,
+    run.click(page_event(check.ui_check, len(outputs), progress=True),
+              [*model, device, checks, steps, budget, policy, nproc, wrap, param_dtype, reduce_dtype], outputs,
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))

@@ -28,6 +28,7 @@ class Settings:
     max_file_mb: float = DEFAULT_MAX_FILE_MB
     job_timeout_s: float = 600.0  # wall-clock limit of one check/speedup job in its worker
     job_memory_mb: float = 0.0  # RLIMIT_DATA of each job process; 0: no limit
+    max_nproc: int = 2  # most torch.distributed ranks one trace/check may start (the host bounds it too)
 
     @property
     def max_file_bytes(self) -> int:
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-memory-mb", type=float, default=0.0, metavar="MB",
                    help="memory limit of each job process (RLIMIT_DATA), in MiB; at least "
                         f"{MIN_JOB_MEMORY_MB:g} (PyTorch alone needs about 300); default 0: no limit")
+    p.add_argument("--max-nproc", type=int, default=2, metavar="N",
+                   help="most processes (torch.distributed ranks) one trace or check may start; the host's CPU "
+                        "cores, or GPUs for GPU jobs, bound it too (default 2; 1 turns multi-process runs off)")
     return p
 
 
@@ -97,6 +101,8 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         raise UserError(f"--max-file-mb must be positive, not {args.max_file_mb:g}")
     if not args.job_timeout > 0:
         raise UserError(f"--job-timeout must be positive, not {args.job_timeout:g}")
+    if args.max_nproc < 1:
+        raise UserError(f"--max-nproc must be at least 1, not {args.max_nproc}")
     if args.job_memory_mb and not args.job_memory_mb >= MIN_JOB_MEMORY_MB:
         raise UserError(f"--job-memory-mb must be 0 (no limit) or at least {MIN_JOB_MEMORY_MB:g}, "
                         f"not {args.job_memory_mb:g}: a job imports PyTorch, which alone needs about 300 MiB")
@@ -111,7 +117,7 @@ def settings_from_args(argv: list[str] | None = None, environ: dict | None = Non
         )
     return Settings(host=args.host, port=args.port, auth=auth, allow_exec=args.allow_exec,
                     max_file_mb=args.max_file_mb, job_timeout_s=args.job_timeout,
-                    job_memory_mb=args.job_memory_mb)
+                    job_memory_mb=args.job_memory_mb, max_nproc=args.max_nproc)
 
 
 def _check_upload_folder(folder: str | None) -> None:

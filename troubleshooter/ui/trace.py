@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import common, host, jobs
+from .ranks import parse_nproc, trace_ranks_markdown
 from .server import SETTINGS
 
 MAX_STEPS = 500
@@ -70,19 +71,25 @@ def stage_script(code: str | None, upload) -> Path:
     return target
 
 
-def run(code: str | None, upload, args: str | None = "", steps=20, device: str = "auto", progress=None) -> dict:
-    """The tracer's JSON for the user's script, run on this host (refused without --allow-exec)."""
+def run(code: str | None, upload, args: str | None = "", steps=20, device: str = "auto", progress=None,
+        autocast_policy: str = "cuda", nproc=1) -> dict:
+    """The tracer's JSON for the user's script, run on this host (refused without --allow-exec);
+    `nproc` > 1: under torch.distributed.run with that many ranks (bounded: ui/ranks.py)."""
     if not SETTINGS.allow_exec:
         raise UserError(_NO_EXEC)
     _trace_fn()  # an absent trace module is refused here, before a worker starts
     argv, n = parse_args(args), parse_steps(steps)
     device = host.validate_device(device)
+    from ..engine.autocast_policy import check_policy
+
+    autocast_policy = check_policy(autocast_policy)
+    ranks = parse_nproc(nproc, device)
     script = stage_script(code, upload)
     limit = SETTINGS.job_timeout_s
     # the tracer stops its own child at `limit`; the worker around it gets a margin to report that
     result = jobs.run_job(_traced, str(script), timeout_s=limit + 30, progress=progress,
                           device_key=host.device_key(device), args=tuple(argv), steps=n, device=device,
-                          limit_s=limit, cwd=str(script.parent))
+                          limit_s=limit, cwd=str(script.parent), autocast_policy=autocast_policy, nproc=ranks)
     return _memory_note(public_result(result, script.name, str(script.parent)))
 
 
@@ -95,10 +102,12 @@ def _memory_note(result: dict) -> dict:
     return result
 
 
-def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None) -> dict:
+def _traced(script: str, args=(), steps=20, device="auto", limit_s=120.0, cwd=None, progress=None,
+            autocast_policy="cuda", nproc=None) -> dict:
     """In the worker: `trace_script` with the server's time limit (module-level: picklable)."""
+    ranks = {"nproc": nproc} if nproc is not None else {}  # one process: the call as it always was
     return _trace_fn()(script, args=tuple(args), steps=steps, device=device, timeout_s=limit_s, cwd=cwd,
-                       progress=progress)
+                       progress=progress, autocast_policy=autocast_policy, **ranks)
 
 
 def public_result(result: dict, name: str, folder: str | None = None) -> dict:
@@ -138,13 +147,33 @@ def finding_rows(result: dict) -> list[list]:
     return rows
 
 
+def _device_name(result: dict) -> str:
+    """The device in words (the report keeps a dict: requested, type, index, name)."""
+    dev = result.get("device")
+    if isinstance(dev, dict):
+        return str(dev.get("name") or dev.get("type") or dev.get("requested") or "?")
+    return str(dev or "?")
+
+
+def _exception_text(exc) -> str:
+    """`TypeError: message` and the line of the user's file it came from, not the raw record."""
+    if not isinstance(exc, dict):
+        return str(exc)
+    text = f"{exc.get('type', 'Exception')}: {exc.get('message') or ''}".strip()
+    if exc.get("path"):
+        text += f" (at {exc['path']}" + (f":{exc['line']}" if exc.get("line") else "") + ")"
+    return text
+
+
 def summary_markdown(result: dict) -> str:
     ex = result.get("exit") or {}
     status = ex.get("status", "?")
     n = len(result.get("findings") or [])
-    lines = [f"**Ran {common.md_escape(result.get('script', 'the script'))}** on {result.get('device', '?')}: "
-             f"{result.get('steps_observed', 0)} step(s) observed, exit: {common.md_escape(status)}; "
-             f"{n} finding{'s' if n != 1 else ''} {SEEN_AT_RUN_TIME} (added to the table)."]
+    counted = "backward passes" if str(result.get("steps_counted", "")).startswith("backward") else "step(s)"
+    lines = [f"**Ran {common.md_escape(result.get('script', 'the script'))}** on "
+             f"{common.md_escape(_device_name(result))}: {result.get('steps_observed', 0)} {counted} observed, "
+             f"exit: {common.md_escape(status)}; {n} finding{'s' if n != 1 else ''} {SEEN_AT_RUN_TIME} "
+             "(added to the table)."]
     from ..trace.precision import ran_without_mixed_precision
 
     precision = result.get("precision") or {}
@@ -152,12 +181,16 @@ def summary_markdown(result: dict) -> str:
         note = " (no mixed precision ran)" if ran_without_mixed_precision(precision) else ""
         lines.append(f"Precision in effect{note}: {common.md_escape(precision['summary'])}.")
     if ex.get("exception"):
-        lines.append(common.error_markdown(str(ex["exception"]), title="The script stopped with"))
+        title = ("The tracer failed (not your script)" if (ex["exception"] or {}).get("caused_by_tool")
+                 else "The script stopped with")
+        lines.append(common.error_markdown(_exception_text(ex["exception"]), title=title))
     if result.get("note"):
         lines.append(f"**{common.md_escape(result['note'])}**")
     skipped = result.get("skipped_steps") or []
     if result.get("scale"):
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")
+    if result.get("distributed"):
+        lines.append(trace_ranks_markdown(result))
     return "\n\n".join(lines) + "\n"
 
 
@@ -185,10 +218,12 @@ def scale_figure(result: dict):
     return fig
 
 
-def ui_trace(code: str | None, upload, args: str | None, steps, lint_rows, row_rules, progress=None) -> tuple:
+def ui_trace(code: str | None, upload, args: str | None, steps, lint_rows, row_rules, autocast_policy="cuda",
+             nproc=1, progress=None) -> tuple:
     """The "Run it on this host" button: (run summary, the findings table with the run-time rows
     added after the static ones, the rule of each row, the loss-scale plot or None)."""
-    result = run(code, upload, args, steps, "auto", progress=progress)
+    result = run(code, upload, args, steps, "auto", progress=progress, autocast_policy=autocast_policy,
+                 nproc=nproc)
     static_rows = list(lint_rows or [])
     static_rules = list(row_rules or [])[:len(static_rows)]
     rows = finding_rows(result)
