@@ -96,7 +96,7 @@ def test_the_check_tab_shows_the_per_rank_table(fsdp2_planted, monkeypatch):
 
     monkeypatch.setattr(ui_check_module, "run_distributed", lambda *a, **k: fsdp2_planted)
     monkeypatch.setattr(ui_check_module, "parse_nproc", lambda n, device: int(n) if int(n) > 1 else None)
-    out = ui_check_module.ui_check("Preset", "mlp", "", "", None, None, "cpu", ["skiprate"], 4, 60, 2, "fsdp2",
+    out = ui_check_module.ui_check("Preset", "mlp", "", "", None, None, "cpu", ["skiprate"], 4, 60, "cuda", 2, "fsdp2",
                                    "float16", "")
     assert len(out) == 11 and "| rank | status |" in out[0] and "FSDP2" in out[0]
     assert out[-1].endswith("check_distributed.json")
