@@ -180,7 +180,7 @@ _CLI_ADVICE = [
     (r"run `python -m troubleshooter lint [^`]*`", "diagnose the script (the Diagnose a script tab)",
      "lint the script (the /lint endpoint)"),
     (r"--steps\b", "steps", "steps"),
-    (r"--autocast-policy host", "set the autocast op lists to this CPU's own (autocast_policy=host)",
+    (r"--autocast-policy host", "choose \"this CPU's own\" under Autocast op lists",
      'pass autocast_policy="host"'),
 ]
 _PAGE_WORDS = [(re.compile(pattern), page) for pattern, page, _ in _CLI_ADVICE]
