@@ -3,6 +3,7 @@ port: uploads, downloads, readable errors, and a fast call answered while a spee
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -58,9 +59,17 @@ def _app_error(client, match: str, **kwargs):
     return str(info.value)
 
 
-def test_every_named_endpoint_is_published(client):
+def test_every_named_endpoint_is_published_with_named_typed_outputs(client):
     named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert ENDPOINTS <= {name.lstrip("/") for name in named}
+    for name in named:  # each output named and described, with its type (not "1st: Any")
+        for out in named[name]["returns"]:
+            assert out["python_type"]["type"] != "Any" and out["python_type"]["description"], (name, out)
+            assert not re.fullmatch(r"\d+(st|nd|rd|th)", out["label"]), (name, out)
+    lint_out = [(o["label"], o["python_type"]["type"]) for o in named["/lint"]["returns"]]
+    assert lint_out == [("report", "str"), ("report_md", "filepath"), ("report_json", "filepath"),
+                        ("fixed_script", "str"), ("diff", "str"), ("fixed_file", "None | filepath"),
+                        ("diff_file", "None | filepath")]  # new outputs appended: old positions hold
 
 
 def test_lint_upload_and_download(client, tmp_path):
@@ -68,17 +77,22 @@ def test_lint_upload_and_download(client, tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text((FIXTURES / "lint" / "bad_AMP101.py").read_text())
-    report, md_path, json_path = client.predict(code="", file=handle_file(str(script)), api_name="/lint")
+    report, md_path, json_path, fixed, diff, fixed_path, diff_path = \
+        client.predict(code="", file=handle_file(str(script)), api_name="/lint")
     rules = {f["rule"] for f in report["findings"]}
     assert "AMP101" in rules
     assert all(f["path"] == "train.py" for f in report["findings"])
     assert json.loads(Path(json_path).read_text()) == report  # the download is the same report
     md = Path(md_path).read_text()
     assert "AMP101" in md and Path(md_path).name == "train_amp_report.md"
+    # the corrected script and its diff, as the page offers them
+    assert "scaler.unscale_(" in fixed and "+" in diff and "unscale_" in diff
+    assert Path(fixed_path).read_text() == fixed and Path(diff_path).read_text() == diff
 
-    pasted, _, _ = client.predict(code="import torch\nx = torch.zeros(3)\n", api_name="/lint")
-    assert pasted["findings"] == []
-    only, _, _ = client.predict(code=script.read_text(), file=None, ignore="AMP101", api_name="/lint")
+    pasted, _, _, fixed, diff, fixed_path, _ = client.predict(code="import torch\nx = torch.zeros(3)\n",
+                                                               api_name="/lint")
+    assert pasted["findings"] == [] and fixed == diff == "" and fixed_path is None
+    only, *_ = client.predict(code=script.read_text(), file=None, ignore="AMP101", api_name="/lint")
     assert "AMP101" not in {f["rule"] for f in only["findings"]}
     _app_error(client, "unknown rule", code="x = 1\n", file=None, select="AMP9", api_name="/lint")
 
@@ -162,8 +176,8 @@ def test_lint_answers_while_speedups_run_one_at_a_time(client):
     while time.monotonic() < deadline and first.status().code.name not in RUNNING:
         time.sleep(0.1)
     t0 = time.monotonic()
-    report, _, _ = client.predict(code=(FIXTURES / "lint" / "bad_AMP106.py").read_text(), file=None,
-                                  api_name="/lint")
+    report, *_ = client.predict(code=(FIXTURES / "lint" / "bad_AMP106.py").read_text(), file=None,
+                                api_name="/lint")
     lint_done, lint_s = time.time(), time.monotonic() - t0
     assert {f["rule"] for f in report["findings"]} >= {"AMP106"}
     assert lint_s < 10, f"lint took {lint_s:.1f} s while a speedup ran"
@@ -212,7 +226,7 @@ def test_lint_reads_uploads_like_the_cli(client, tmp_path):
     latin = tmp_path / "modele.py"
     latin.write_bytes(("# -*- coding: latin-1 -*-\n# réglage\n" + (FIXTURES / "lint" / "bad_AMP106.py").read_text())
                       .encode("latin-1"))
-    report, _, _ = client.predict(code="", file=handle_file(str(latin)), api_name="/lint")
+    report, *_ = client.predict(code="", file=handle_file(str(latin)), api_name="/lint")
     cli = lint_paths([str(latin)])
     assert not report["errors"]
     assert [(f["rule"], f["line"]) for f in report["findings"]] == [(f.rule, f.location.line) for f in cli.findings]

@@ -121,8 +121,19 @@ def test_page_event_turns_errors_into_a_status_message():
     out = page_event(cb, 3, status_index=0)("photo.png")
     assert out[0].startswith("> **Error**") and "photo.png is not a script" in out[0]
     assert out[1:] == (None, None)
+    hidden = object()  # a layout, which None cannot clear
+    assert page_event(cb, 3, blank={2: lambda: hidden})("photo.png")[1:] == (None, hidden)
     with pytest.raises(gr.Error, match="photo.png is not a script"):
         endpoint(cb)("photo.png")
+
+    def short(x):  # each surface words the engine's advice for its own controls
+        raise UserError("not run: the time budget was spent (raise --budget); not selected (--only)")
+
+    page_text = page_event(short, 1)("x")
+    with pytest.raises(gr.Error) as api_error:
+        endpoint(short)("x")
+    assert "--" not in page_text and "raise the time budget" in page_text
+    assert "--" not in str(api_error.value) and "raise budget_s" in str(api_error.value)
 
 
 def test_progress_reaches_the_callback_as_a_plain_callable():
@@ -311,6 +322,55 @@ def test_job_timeout_holds_for_an_uploaded_python_model_file(tmp_path, monkeypat
             run()
         assert time.monotonic() - t < 60
         assert "_python_job" not in str(info.value) and "/tmp" not in str(info.value)
+
+
+def test_api_json_speaks_the_apis_words_and_leaves_code_and_data_alone():
+    from troubleshooter.ui import api
+
+    check_json = {"skipped": {"nan": "not selected (--only)"}, "fix": {"content": "x --budget y"},
+                  "verdict": {"reasons": ["rerun with a larger --budget"]}, "argv": ["--steps", "3"],
+                  "recommendation": {"reason": "(the nan check names the module: python -m troubleshooter "
+                                               "check --only nan)"}}
+    out = json.loads(api.worded(lambda: (api.as_json_text(check_json), None), api.RETURNS["check"])()[0])
+    assert out["skipped"]["nan"] == "not selected (checks)" and out["verdict"]["reasons"] == ["rerun with a larger budget_s"]
+    assert out["recommendation"]["reason"] == '(the nan check names the module: the /check endpoint with checks="nan")'
+    assert out["fix"] == {"content": "x --budget y"} and out["argv"] == ["--steps", "3"]
+    # a trace's messages quote what the script printed; only its own advice is reworded
+    trace_json = {"findings": [{"message": "error: unrecognized arguments: --steps 5",
+                                "suggestion": "Raise --timeout, lower --steps, or pass arguments"}]}
+    out = json.loads(api.worded(lambda: (api.as_json_text(trace_json), None), api.RETURNS["trace"])()[0])
+    assert out["findings"][0]["message"] == "error: unrecognized arguments: --steps 5"
+    assert "--" not in out["findings"][0]["suggestion"] and "lower steps" in out["findings"][0]["suggestion"]
+
+
+def test_the_one_error_comes_first_and_the_infos_fold_away():
+    """Issue 27: sorted by line, five padding hints filled the table above the only error."""
+    from troubleshooter.ui import diagnose, findings_table
+
+    r = diagnose.lint_script((FIXTURES / "app" / "one_error.py").read_text(), None)
+    assert [row[0] for row in r["rows"]] == ["ERROR"] + ["info"] * 5
+    assert r["rows"][0][1].startswith("AMP101") and [f.rule for f in r["findings"]][0] == "AMP101"
+    assert "**1 error**, 0 warnings, 5 infos" in r["summary"] and "Results for **pasted.py**" in r["summary"]
+    assert r["markdown"].index("AMP101") < r["markdown"].index("AMP121")  # the report reads the same way
+    rules = [f.rule for f in r["findings"]]
+    main, main_rules, infos, info_rules = findings_table.split(r["rows"], rules)
+    assert main_rules == ["AMP101"] and info_rules == ["AMP121"] * 5 and len(infos) == 5
+    # run-time rows join by severity: a run-time error goes above the static infos, not below them
+    run_row = ["ERROR", "AMP301 (seen at run time)", "3", "", "m", "f"]
+    main, main_rules, infos, _ = findings_table.split(infos + [run_row], info_rules + ["AMP301"])
+    assert main_rules == ["AMP301"] and len(infos) == 5
+    assert findings_table.infos_label(1).startswith("1 info:")
+
+
+def test_check_findings_are_listed_worst_first():
+    from troubleshooter.engine import check_render as render
+    from troubleshooter.engine.check_report import CheckReport
+    from troubleshooter.findings import Finding
+
+    hint, error = Finding("AMP201", "dimension-not-aligned", "info", "pad", "p"), \
+        Finding("AMP205", "fp16-overflow", "error", "overflows", "o")
+    text = render.findings_markdown(CheckReport(device={"type": "cpu"}, spec={"name": "m"}, findings=[hint, error]))
+    assert text.index("AMP205") < text.index("AMP201")
 
 
 def test_a_clicked_row_maps_to_its_finding_by_index(tmp_path):

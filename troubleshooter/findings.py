@@ -113,6 +113,13 @@ def sort_key(f: Finding) -> tuple:
     return (loc.path or "", loc.cell or 0, loc.line or 0, loc.column or 0, loc.module or "", f.rule)
 
 
+def severity_key(f: Finding) -> tuple:
+    """Worst first, then by place: the order people read findings in (the page's table, the
+    Markdown report), so one error is never buried under hints. Terminal output keeps `sort_key`
+    (file and line, as ruff and flake8 print)."""
+    return (-f.severity.rank, *sort_key(f))
+
+
 def worst_severity(findings: Iterable[Finding]) -> Severity | None:
     worst = None
     for f in findings:
@@ -141,7 +148,7 @@ def _md_cell(text: Any) -> str:
 
 def findings_to_markdown(findings: Iterable[Finding], title: str | None = None) -> str:
     """A Markdown table for the UI and for the downloadable report."""
-    findings = sorted(findings, key=lambda f: (-f.severity.rank, *sort_key(f)))
+    findings = sorted(findings, key=severity_key)
     lines = [f"## {title}", ""] if title else []
     if not findings:
         lines.append("No findings.")

@@ -131,7 +131,7 @@ def findings_markdown(report: CheckReport | dict) -> str:
         return "\n".join(lines) + "\n"
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     lines += ["Findings: " + ", ".join(_plural(n, s.value) for s, n in counts.items() if n), ""]
-    for f in findings:  # one list item per finding; two trailing spaces break the line
+    for f in sorted(findings, key=lambda f: -f.severity.rank):  # worst first; two trailing spaces break the line
         lines += [f"- **{f.severity.value.upper()} {f.rule} {esc(f.name)}** — {esc(_finding_where(f))}  ",
                   f"  {esc(f.message)}  ", f"  Fix: {esc(f.suggestion)}"]
     return "\n".join(lines) + "\n"

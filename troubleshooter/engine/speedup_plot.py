@@ -40,7 +40,8 @@ def plot_speedup(result: dict[str, Any]) -> Figure:
     high = [max(0.0, results[n]["q3_ms"] - results[n]["median_ms"]) for n in names]
     bars = ax_t.bar(names, med, color=colors, yerr=[low, high], capsize=6, ecolor="black")
     ax_t.set_ylabel("median step time (ms) — lower is better")
-    ax_t.set_title("training step time (error bars: IQR)", fontsize=10)
+    ax_t.set_title("training step time (error bars: IQR; labels: speedup vs fp32,\n"
+                   "the median of the paired per-round ratios)", fontsize=10)
     top = max(m + h for m, h in zip(med, high)) or 1.0
     for bar, n, m, h in zip(bars, names, med, high):
         ratio = results[n].get("speedup_vs_fp32")

@@ -3,13 +3,16 @@
 Gradio derives each endpoint's parameters from these signatures, so the parameter names and
 defaults below are the documented contract (docs/app.md). Each calls the same library function
 the page's event calls. JSON results travel as JSON text (`gradio_client` would try to download
-any dict with a string "path" key, and findings have one); files travel as `FileData`.
-A user's mistake raises `gr.Error` with the readable message (never a traceback).
+any dict with a string "path" key, and findings have one); files travel as `FileData`. Every
+output is named and described (`RETURNS`), so `client.view_api()` shows what comes back; new
+outputs are appended, never inserted. A user's mistake raises `gr.Error` with the readable
+message, and messages are in the API's words (`budget_s`, never `--budget`; no traceback).
 """
 from __future__ import annotations
 
 import functools
 import json
+from inspect import signature
 from typing import Callable
 
 import gradio as gr
@@ -29,7 +32,9 @@ def _file(path: str | None) -> FileData | None:
 
 
 def endpoint(fn: Callable) -> Callable:
-    """Errors become `gr.Error(readable message)`; the signature (gradio reads it) is kept."""
+    """Errors become `gr.Error(readable message)` in the API's words; the signature (gradio reads
+    it) is kept, resolved: with postponed annotations a return type is a string, which gr.api
+    shows as one `Any`."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -38,18 +43,21 @@ def endpoint(fn: Callable) -> Callable:
         except gr.Error:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message for the caller
-            raise gr.Error(common.error_message(exc), print_exception=False) from None
+            raise gr.Error(common.error_message(exc, surface="api"), print_exception=False) from None
 
+    wrapper.__signature__ = signature(fn, eval_str=True)
     return wrapper
 
 
 @endpoint
 def lint(code: str = "", file: FileData | None = None, select: str = "", ignore: str = "") \
-        -> tuple[str, FileData, FileData]:
-    """Lint pasted `code` or an uploaded .py/.ipynb `file`: (report JSON, report.md, report.json).
+        -> tuple[str, FileData, FileData, str, str, FileData | None, FileData | None]:
+    """Lint pasted `code` or an uploaded .py/.ipynb `file`: (report JSON, report.md, report.json,
+    then as the page offers them: the corrected script, its diff, both as files).
     `select`/`ignore`: comma-separated rule ids or prefixes (e.g. "AMP1", "AMP121,AMP123")."""
     r = diagnose.lint_script(code, file, select, ignore)
-    return as_json_text(r["report"]), FileData(path=r["md_path"]), FileData(path=r["json_path"])
+    return (as_json_text(r["report"]), FileData(path=r["md_path"]), FileData(path=r["json_path"]),
+            r["fixed_text"] or "", r["diff"] or "", _file(r["fixed_path"]), _file(r["diff_path"]))
 
 
 @endpoint
@@ -158,18 +166,120 @@ def check_ranks(preset: str = "", yaml_text: str = "", spec_file: FileData | Non
 FAST = dict(concurrency_limit=8)  # questionnaire, explain, recipe, rules: cheap, answered beside a job
 
 
+def _trace_words(result):
+    """A trace's own advice in the API's words; its messages quote the script's output (an
+    argparse error naming `--steps`, say), which stays exactly as the script printed it."""
+    for finding in (result.get("findings") or []) if isinstance(result, dict) else []:
+        if isinstance(finding, dict) and isinstance(finding.get("suggestion"), str):
+            finding["suggestion"] = common.for_api(finding["suggestion"])
+    return result
+
+
+JSON_TEXT = "JSON text (json.loads it)"
+# Each endpoint's outputs, by position: (name, description[, how its JSON is put in the API's
+# words]). gr.api labels them "1st", "2nd", ...; `publish` names them for `view_api()`.
+RETURNS = {
+    "lint": (("report", f"{JSON_TEXT}: lint --format json's object, each finding with `fixable` and its safe `fix`"),
+             ("report_md", "the report as Markdown (file)"),
+             ("report_json", "the report as JSON (file)"),
+             ("fixed_script", "the script with every safe mechanical fix applied; empty when none applies "
+                              "(notebooks are not rewritten)"),
+             ("diff", "unified diff from the script to fixed_script; empty when none applies"),
+             ("fixed_file", "fixed_script as a file, in the script's declared encoding (none when no fix applies)"),
+             ("diff_file", "the diff as a file (none when no fix applies)")),
+    "rules": (("rules", f"{JSON_TEXT}: the list of rules, or the one rule asked for"),
+              ("explanation", "the rule's explanation as Markdown (empty for the list)")),
+    "check": (("report", f"{JSON_TEXT}: check --format json's object (capability, alignment, skiprate, nan, "
+                         "headroom, findings, budget)", common.api_words),
+              ("skiprate_png", "the fp16 loss-scale plot (file; none when the skip-rate probe did not run)")),
+    "inspect": (("report", f"{JSON_TEXT}: inspect --format json's object (what is present, dtypes, findings)",
+                 common.api_words),),
+    "capability": (("capability", f"{JSON_TEXT}: the device's capability report (bf16/fp16/tf32 support, "
+                                  "recommended precision and why)", common.api_words),),
+    "speedup": (("result", f"{JSON_TEXT}: speedup --format json's object; results.<precision>.speedup_vs_fp32 is "
+                           "the median of the paired per-round ratios", common.api_words),
+                ("plot_png", "step time and peak memory per precision (file)")),
+    "recommend": (("decision", f"{JSON_TEXT}: ask --format json's object (precision, reasons, warnings; "
+                               "gpu_detected when gpu was left empty)", common.api_words),
+                  ("loop", "the generated training loop (Python source)"),
+                  ("train_amp_py", "the same loop as train_amp.py (file)")),
+    "explain": (("report", f"{JSON_TEXT}: explain --format json's object (matches with cause and fix, symptoms, "
+                           "verdict)"),),
+    "recipe": (("loop", "the generated training loop (Python source)"),
+               ("train_amp_py", "the same loop as train_amp.py (file)")),
+    "trace": (("result", f"{JSON_TEXT}: the trace's object (protocol, loss scale, skipped steps, first non-finite "
+                         "module, findings), `script` = the file name", _trace_words),
+              ("loss_scale_png", "the loss scale per step (file; none when no GradScaler ran)")),
+    "trace_ranks": (("result", f"{JSON_TEXT}: the ranks' merged trace (docs/distributed.md)", _trace_words),),
+    "check_ranks": (("report", f"{JSON_TEXT}: check --nproc's object: the ranks' skip agreement and what the "
+                               "reduce dtype does to the gradients", common.api_words),),
+}
+# Inputs whose format a caller must know, shown beside their type.
+PARAMS = {
+    "select": "comma-separated rule ids or prefixes to report (e.g. AMP1)",
+    "ignore": "comma-separated rule ids or prefixes to leave out",
+    "checks": "comma-separated: " + ", ".join(check.CHECK_NAMES),
+    "budget_s": "seconds the run may take",
+    "precisions": "comma-separated: " + ", ".join(speedup.PRECISIONS),
+    "answers": 'a JSON object with the keys of `ask`, e.g. {"gpu": "A100", "symptoms": ["nan_loss"]}',
+    "options": 'a JSON object of recipe options, e.g. {"precision": "bf16", "clip": 1.0}',
+    "args": "the script's command line, split as a shell would (no shell runs it)",
+    "autocast_policy": 'on a host without a GPU: "cuda" (CUDA autocast\'s op lists, emulated) or "host" (the CPU\'s own)',
+    "nproc": "processes (ranks) under torch.distributed",
+    "wrap": '"ddp" or "fsdp2"',
+}
+
+
 def register(gpu_queue: dict, lint_queue: dict) -> None:
     """Publish every endpoint under its documented name (inside a `gr.Blocks`). Jobs that use
     a device share the page's GPU queue, lints the page's lint queue (concurrency_id + limit)."""
-    gr.api(lint, api_name="lint", **lint_queue)
-    gr.api(rules, api_name="rules", **FAST)
-    gr.api(check_model, api_name="check", **gpu_queue)
-    gr.api(inspect, api_name="inspect", **FAST)
-    gr.api(capability, api_name="capability", **gpu_queue)
-    gr.api(speedup_check, api_name="speedup", **gpu_queue)
-    gr.api(recommend, api_name="recommend", **FAST)
-    gr.api(explain, api_name="explain", **FAST)
-    gr.api(recipe_loop, api_name="recipe", **FAST)
-    gr.api(trace_run, api_name="trace", **gpu_queue)
-    gr.api(trace_ranks, api_name="trace_ranks", **gpu_queue)
-    gr.api(check_ranks, api_name="check_ranks", **gpu_queue)
+    publish(lint, "lint", **lint_queue)
+    publish(rules, "rules", **FAST)
+    publish(check_model, "check", **gpu_queue)
+    publish(inspect, "inspect", **FAST)
+    publish(capability, "capability", **gpu_queue)
+    publish(speedup_check, "speedup", **gpu_queue)
+    publish(recommend, "recommend", **FAST)
+    publish(explain, "explain", **FAST)
+    publish(recipe_loop, "recipe", **FAST)
+    publish(trace_run, "trace", **gpu_queue)
+    publish(trace_ranks, "trace_ranks", **gpu_queue)
+    publish(check_ranks, "check_ranks", **gpu_queue)
+
+
+def publish(fn: Callable, api_name: str, **queue) -> None:
+    """`gr.api` for `fn`, with its JSON outputs in the API's words and with what gr.api leaves out:
+    each output named and described (`RETURNS`), the inputs of `PARAMS` described."""
+    from gradio.context import get_blocks_context
+
+    returns = RETURNS[api_name]
+    dep = gr.api(worded(fn, returns), api_name=api_name, **queue)
+    blocks = get_blocks_context().blocks
+    if len(dep["outputs"]) != len(returns):
+        raise TypeError(f"/{api_name}: {len(dep['outputs'])} outputs annotated, {len(returns)} in RETURNS")
+    for block_id, (name, description, *_) in zip(dep["outputs"], returns):
+        block = blocks[block_id]
+        block.label = name
+        block._api_info = {**block._api_info, "description": description}
+    for block_id, name in zip(dep["inputs"], signature(fn).parameters):
+        if name in PARAMS:
+            block = blocks[block_id]
+            block._api_info = {**block._api_info, "additional_description": PARAMS[name]}
+
+
+def worded(fn: Callable, returns: tuple) -> Callable:
+    """`fn` with each JSON-text output that `returns` gives a wording function put in the API's
+    words (the CLI's JSON names its flags: `raise --budget` reads `raise budget_s`)."""
+    words = {i: out[2] for i, out in enumerate(returns) if len(out) > 2}
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        many = isinstance(out, tuple)
+        values = list(out) if many else [out]
+        for i, say in words.items():
+            if isinstance(values[i], str):
+                values[i] = json.dumps(say(json.loads(values[i])), indent=2, ensure_ascii=False)
+        return tuple(values) if many else values[0]
+
+    return wrapper

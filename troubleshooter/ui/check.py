@@ -115,7 +115,8 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page
-    return (say(render.status_markdown(report)), say(render.section_markdown(report, "capability")),
+    return (f"*{common.stamp()}* · " + say(render.status_markdown(report)),
+            say(render.section_markdown(report, "capability")),
             say(render.findings_markdown(report)), say(render.section_markdown(report, "alignment")),
             render.alignment_rows(report), say(render.section_markdown(report, "skiprate")),
             skiprate_figure(report), say(render.section_markdown(report, "nan")),
@@ -147,9 +148,12 @@ def _checked(source, limit_s: float, progress=None, **kwargs) -> dict:
 def _ui_distributed(source, device, nproc, wrap, param_dtype, reduce_dtype, steps, progress) -> tuple:
     result = run_distributed(source, device, nproc, wrap, param_dtype, reduce_dtype, steps, progress)
     path = common.write_download("check_distributed.json", json.dumps(result, indent=2, default=str))
+    from ..findings import Severity
+
+    worst_first = sorted(result.get("findings") or [], key=lambda f: -Severity.parse(f["severity"]).rank)
     findings = "\n\n".join(f"**{f['severity']} {f['rule']} {f['name']}**: {f['message']}"
-                             for f in result.get("findings") or []) or "No findings."
-    status = common.for_page(check_ranks_markdown(result))
+                             for f in worst_first) or "No findings."
+    status = f"*{common.stamp()}* · " + common.for_page(check_ranks_markdown(result))
     return status, "", common.for_page(findings), "", [], "", None, "", "", [], path
 
 
@@ -181,7 +185,8 @@ def ui_inspect(upload) -> tuple[str, dict]:
     verbatim, and the JSON report."""
     report = inspect_report(upload)
     n = len(report.findings)
-    head = f"**{common.md_escape(report.path)}**: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings")
+    head = (f"*{common.stamp()}* · **{common.md_escape(report.path)}**: "
+            + (f"{n} finding{'s' if n != 1 else ''}" if n else "no findings"))
     return f"{head}\n\n```text\n{report.to_text()}```\n", report.to_dict()
 
 

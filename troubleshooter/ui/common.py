@@ -150,48 +150,94 @@ def public_text(text: str) -> str:
     return _ABS_PATH.sub(lambda m: m.group(1), text)
 
 
-# Advice written for the command line, reworded for people who use the page or the API: they
-# set these through controls/parameters, and cannot set the server's environment at all.
+# Advice written for the command line, reworded for the page and for the API: their users set
+# these through controls or parameters, and cannot set the server's options or environment.
+# (pattern, the page's words, the API's words)
 _CLI_ADVICE = [
-    (re.compile(r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)"),
-     " (a limit this server's operator sets)"),
-    (re.compile(r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?"), "the server's model-size limit"),
-    (re.compile(r"\s*\(--only\)"), ""),
-    (re.compile(r"--only names no check"), "choose at least one check"),
-    (re.compile(r"a larger --budget\b"), "a larger time budget"),
-    (re.compile(r"--budget\b"), "the time budget"),
-    (re.compile(r"\(run without --compile\)"), "(run without torch.compile)"),
-    (re.compile(r"try --compile\b"), "try torch.compile"),
-    (re.compile(r"run with --device (\w+)"), r"choose the device \1"),
-    (re.compile(r"\(use --device (\w+)\)"), r"(choose the device \1)"),
-    (re.compile(r"--only\b"), "the checks"),
-    (re.compile(r"--(select|ignore)\b"), r"\1"),
-    (re.compile(r"see `python -m troubleshooter rules`"), "see the rule list (the `rules` endpoint)"),
-    (re.compile(r"`python -m troubleshooter check`"), "the Check a model tab (the `check` endpoint)"),
-    (re.compile(r"`python -m troubleshooter speedup`"), "the Speedup check tab (the `speedup` endpoint)"),
-    (re.compile(r"--steps\b"), "steps"),
-    (re.compile(r"--autocast-policy host"), "set the autocast op lists to this CPU's own (autocast_policy=host)"),
+    (r"\s*\((?:raise it with|shrink the batch or raise) [^)]*TROUBLESHOOTER_MAX_\w+[^)]*\)",
+     " (a limit this server's operator sets)", " (a limit this server's operator sets)"),
+    (r"TROUBLESHOOTER_MAX_\w+(?:=\S+)?", "the server's model-size limit", "the server's model-size limit"),
+    (r"\b[Rr]aise --timeout\b", "Ask the server's operator for a longer time limit",
+     "Ask the server's operator for a longer time limit"),
+    (r"python -m troubleshooter check --only (\w+)", r"the Check a model tab, with only its \1 check",
+     r'the /check endpoint with checks="\1"'),
+    (r"\s*\(--only\)", "", " (checks)"),
+    (r"--only names no check", "choose at least one check", "checks names no check"),
+    (r"a larger --budget\b", "a larger time budget", "a larger budget_s"),
+    (r"--budget\b", "the time budget", "budget_s"),
+    (r"\(run without --compile\)", "(run without torch.compile)", "(compile=False)"),
+    (r"try --compile\b", "try torch.compile", "try compile=True"),
+    (r"run with --device (\w+)", r"choose the device \1", r'pass device="\1"'),
+    (r"\(use --device (\w+)\)", r"(choose the device \1)", r'(device="\1")'),
+    (r"in --precisions\b", "in the precisions", "in precisions"),
+    (r"--precisions\b", "the precisions", "precisions"),
+    (r"--only\b", "the checks", "checks"),
+    (r"--(select|ignore)\b", r"\1", r"\1"),
+    (r"see `python -m troubleshooter rules`", "see the rule list (Explain a rule, in the Diagnose tab)",
+     "see the /rules endpoint"),
+    (r"`python -m troubleshooter check`", "the Check a model tab", "the /check endpoint"),
+    (r"`python -m troubleshooter speedup`", "the Speedup check tab", "the /speedup endpoint"),
+    (r"run `python -m troubleshooter lint [^`]*`", "diagnose the script (the Diagnose a script tab)",
+     "lint the script (the /lint endpoint)"),
+    (r"--steps\b", "steps", "steps"),
+    (r"--autocast-policy host", "choose \"this CPU's own\" under Autocast op lists",
+     'pass autocast_policy="host"'),
 ]
+_PAGE_WORDS = [(re.compile(pattern), page) for pattern, page, _ in _CLI_ADVICE]
+_API_WORDS = [(re.compile(pattern), api) for pattern, _, api in _CLI_ADVICE]
 
 
 def for_page(text: str) -> str:
-    """Library text as the page and API say it: no command-line flags or environment variables
-    the reader cannot set from a browser."""
+    """Library text as the page says it: no command-line flags or environment variables the
+    reader cannot set from a browser; the page's controls instead."""
+    return _reword(text, _PAGE_WORDS)
+
+
+def for_api(text: str) -> str:
+    """Library text as the API says it: the endpoints' parameter names (`budget_s`, `checks`,
+    `device="cpu"`) instead of the command line's flags."""
+    return _reword(text, _API_WORDS)
+
+
+def _reword(text: str, rules) -> str:
     text = str(text)
-    for pattern, repl in _CLI_ADVICE:
+    for pattern, repl in rules:
         text = pattern.sub(repl, text)
     return text
 
 
-def error_message(exc: BaseException) -> str:
-    """One readable sentence for any exception; a bug in our code is logged with its traceback."""
+_DATA_KEYS = frozenset({"fix", "edits", "samples_ms", "losses", "text", "code", "argv"})  # data, not words
+
+
+def api_words(value):
+    """A JSON result with every message in the API's words (`for_api`); code, fixes and
+    measurements are left exactly as they are."""
+    if isinstance(value, str):
+        return for_api(value) if "--" in value or "troubleshooter" in value.lower() else value
+    if isinstance(value, dict):
+        return {k: v if k in _DATA_KEYS else api_words(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [api_words(v) for v in value]
+    return value
+
+
+def error_message(exc: BaseException, surface: str = "page") -> str:
+    """One readable sentence for any exception, in the words of the `surface` showing it ("page"
+    or "api"); a bug in our code is logged with its traceback."""
     if isinstance(exc, UserError):
-        return for_page(public_text(str(exc)))
+        text = public_text(str(exc))
+        return for_api(text) if surface == "api" else for_page(text)
     if isinstance(exc, MemoryError):
         return "the server ran out of memory for this request; try a smaller model or input"
     log.exception("unexpected error in an app callback")
     text = public_text(f"{type(exc).__name__}: {exc}".strip())
     return f"internal error ({text}); this is a bug in the troubleshooter, the server log has details"
+
+
+def stamp() -> str:
+    """The time a result was made (the server's clock), shown beside the input it belongs to,
+    so a result on screen is never mistaken for the one before it."""
+    return time.strftime("%H:%M:%S")
 
 
 _MD_SPECIAL = re.compile(r"([\\*_<>\[\]#|])")

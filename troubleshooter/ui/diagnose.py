@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..findings import Finding, findings_to_markdown
+from ..findings import Finding, findings_to_markdown, severity_key
 from . import common
 from .server import SETTINGS
 
@@ -58,6 +58,12 @@ def upload_bytes(upload) -> tuple[bytes | None, str | None]:
     return common.read_upload_bytes(path), name
 
 
+def input_name(code: str | None, upload) -> str:
+    """What the user will see results for: the uploaded file's name, else the pasted code's."""
+    path = common.upload_path(upload)
+    return common.display_name(path) if path else "pasted.py"
+
+
 def read_script(code: str | None, data: bytes | None, name: str | None) -> ScriptInput:
     """The upload's bytes if there are any, else the pasted code, through `lint.source` exactly as
     the CLI reads files: PEP 263 coding lines, its 2 MB limit, notebooks as one unit of code cells."""
@@ -105,8 +111,9 @@ def offending_line(unit, finding: Finding) -> str:
 
 
 def ordered(findings: list[Finding]) -> list[Finding]:
-    """Findings in table order: the table's row i is `ordered(findings)[i]`."""
-    return sorted(findings, key=lambda f: (f.location.cell or 0, f.location.line or 0, f.rule))
+    """Findings in table order, worst first, then by line (as the Markdown report): row i is
+    `ordered(findings)[i]`, so the one error is never below the hints."""
+    return sorted(findings, key=severity_key)
 
 
 def findings_rows(findings: list[Finding], unit) -> list[list]:
@@ -204,7 +211,7 @@ def analyse(code: str | None, data: bytes | None, name: str | None, select: str 
         "rows": findings_rows(findings, unit),
         "markdown": md,
         "errors": _errors_text(errors),
-        "summary": summary_line(findings, errors, name, script.note),
+        "summary": summary_line(findings, errors, name, script.note, when=common.stamp()),
         "md_path": None, "json_path": None,
         "fixed_text": None, "diff": None, "fixed_path": None, "diff_path": None, "applied": [],
         "rules_found": sorted({f.rule for f in findings}),
@@ -258,21 +265,26 @@ def _describe_fix(applied) -> str:
     return str(applied)
 
 
-def summary_line(findings: list[Finding], errors: list, name: str, note: str = "") -> str:
-    """The status line: counts by severity; "could not analyse" (never "no findings") when the
-    input was not fully read, since an unparsed file proves nothing."""
-    counts = {}
-    for f in findings:
-        counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
-    parts = [f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}" for s in ("error", "warning", "info") if counts.get(s)]
+def summary_line(findings: list[Finding], errors: list, name: str, note: str = "", when: str = "") -> str:
+    """The status line: whose results these are (the input's name, the time), then the count of
+    each severity; "could not analyse" (never "no findings") when the input was not fully read,
+    since an unparsed file proves nothing."""
+    counts = {s: sum(1 for f in findings if f.severity.value == s) for s in ("error", "warning", "info")}
+    parts = [f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}" for s in ("error", "warning", "info")]
+    if counts["error"]:
+        parts[0] = f"**{parts[0]}**"
+    if counts["info"]:
+        parts[2] += " (folded below the table)"
+    whose = f"Results for **{common.md_escape(name)}**" + (f", {when}" if when else "")
     if errors:
-        head = f"**{name}**: could not analyse " + ("all of it" if findings else "it")
-        text = head + (f"; in the parts read: {', '.join(parts)}" if parts else "") + "."
+        found = [p for p, s in zip(parts, counts) if counts[s]]
+        head = f"{whose}: could not analyse " + ("all of it" if findings else "it")
+        text = head + (f"; in the parts read: {', '.join(found)}" if found else "") + "."
         text += "\n\n" + common.error_markdown("\n".join(_errors_text(errors)), title="Could not analyse")
     elif not findings:
-        text = f"**{name}**: no mixed-precision problems found."
+        text = f"{whose}: no mixed-precision problems found."
     else:
-        text = f"**{name}**: " + ", ".join(parts) + "."
+        text = f"{whose}: " + ", ".join(parts) + "."
     return (note + "\n\n" + text) if note else text
 
 

@@ -22,8 +22,10 @@ def _relay(tracker):
 
 
 def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool = True,
-               progress: bool = False) -> Callable:
-    """Wrap a page callback: on error, show it in output `status_index`, clear (or keep) the rest.
+               progress: bool = False, blank: dict | None = None) -> Callable:
+    """Wrap a page callback: on error, show it in output `status_index`, clear (or keep) the rest
+    (`blank` maps an output's index to a function making what clears it when None cannot, e.g.
+    a hidden layout: made then, since a component made while the page is built joins the page).
     With `progress`, gradio injects a tracker and `fn` gets it as its `progress` callable."""
 
     def call(args: tuple, kwargs: dict):
@@ -32,8 +34,9 @@ def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool 
         except Exception as exc:  # noqa: BLE001 - every error becomes a message in the page
             message = common.error_message(exc)
             gr.Warning(message.splitlines()[0][:300], title="Could not do that")
-            blank = None if clear else gr.skip()
-            out = [blank] * n_outputs
+            out = [None if clear else gr.skip()] * n_outputs
+            for index, make in (blank or {}).items():
+                out[index] = make() if clear else gr.skip()
             out[status_index] = common.error_markdown(message)
             return out[0] if n_outputs == 1 else tuple(out)
 
@@ -46,6 +49,13 @@ def page_event(fn: Callable, n_outputs: int, status_index: int = 0, clear: bool 
     wrapper.__name__ = getattr(fn, "__name__", "event")
     wrapper.__doc__ = fn.__doc__
     return wrapper
+
+
+def scroll_to(elem_id: str) -> str:
+    """Browser-side code for an event's `js`: bring element `elem_id` into view (top of the
+    window), so a result that appears away from the button that asked for it is seen at once."""
+    return ("() => { const el = document.getElementById(%r); "
+            "if (el) el.scrollIntoView({behavior: 'instant', block: 'start'}); }" % elem_id)
 
 
 def row_select(fn: Callable) -> Callable:

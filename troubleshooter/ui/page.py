@@ -11,8 +11,8 @@ import sys
 import gradio as gr
 
 from ..engine import check_render as render
-from . import api, check, diagnose, host, questionnaire, recipe, specinput, speedup, trace
-from .glue import page_event, row_select
+from . import api, check, common, diagnose, findings_table, host, questionnaire, recipe, specinput, speedup, trace
+from .glue import page_event, row_select, scroll_to
 from .server import SETTINGS
 
 
@@ -45,8 +45,11 @@ table th, table td {word-break: normal !important; overflow-wrap: normal !import
 table th {white-space: nowrap}
 #check-findings td:nth-child(-n+3), #check-nan td:nth-child(-n+2) {white-space: nowrap}
 #check-findings code {white-space: nowrap}
-#lint-findings th *, #speed-table *, #check-alignment *, #check-headroom-table *
+#lint-findings th *, #lint-info-findings th *, #speed-table *, #check-alignment *, #check-headroom-table *
   {word-break: normal !important; overflow-wrap: normal !important}
+/* the inspect summary is preformatted text: long lines wrap (keeping their indent) instead of
+   running off the right edge */
+#check-inspect-result pre, #check-inspect-result code {white-space: pre-wrap !important; overflow-wrap: anywhere}
 """
 
 
@@ -81,14 +84,17 @@ def _diagnose_tab() -> None:
             code = gr.Code(language="python", lines=12, max_lines=30, interactive=True,
                            label="…or paste your training code (an upload, if any, is what gets diagnosed)",
                            elem_id="lint-code")
-    # the findings get the page's full width: six columns of code and prose
+    # the findings get the page's full width: six columns of code and prose. Both status lines
+    # (diagnosis, run) sit right below the buttons, so a result shows where it was asked for.
     status = gr.Markdown(elem_id="lint-status", elem_classes=["status-box"])
-    table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, label="Findings", wrap=True,
-                         interactive=False, elem_id="lint-findings",
-                         column_widths=["8%", "15%", "6%", "23%", "24%", "24%"])
     trace_status = gr.Markdown(elem_id="trace-status")
     trace_plot = gr.Plot(label="Loss scale per step (run time)", show_label=False, elem_id="trace-plot",
                          visible=False)
+    table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, label="Findings: errors and warnings, worst first",
+                         wrap=True, interactive=False, elem_id="lint-findings", column_widths=_FINDING_WIDTHS)
+    with gr.Accordion(findings_table.infos_label(0), open=False, visible=False, elem_id="lint-infos") as infos_box:
+        info_table = gr.Dataframe(headers=diagnose.TABLE_HEADERS, show_label=False, wrap=True,
+                                  interactive=False, elem_id="lint-info-findings", column_widths=_FINDING_WIDTHS)
     with gr.Row():
         with gr.Column(scale=1):
             with gr.Row():
@@ -106,29 +112,63 @@ def _diagnose_tab() -> None:
                 rule = gr.Dropdown(choices=_safe(diagnose.rule_choices, []), label="Rule",
                                    value=None, elem_id="lint-rule")
                 explanation = gr.Markdown(elem_id="lint-explanation")
-    row_rules = gr.State([])  # row i of the table -> its rule id (by index, never parsed from text)
-    lint_rows = gr.State([])  # the static rows, so run-time rows are added to them, not to old ones
+    # row i of each table -> its rule id (by index, never parsed from text)
+    row_rules, info_rules = gr.State([]), gr.State([])
+    lint_rows, lint_rules = gr.State([]), gr.State([])  # every static row: run-time rows join these, not old ones
 
-    def lint_and_keep(code_text, upload_file):
+    def shown(rows, rules) -> tuple:
+        """The two tables for these rows: errors and warnings, and the infos folded below (open
+        when there is nothing else to show)."""
+        main, main_rules, infos, infos_rules = findings_table.split(rows or [], rules or [])
+        box = gr.Accordion(label=findings_table.infos_label(len(infos)), visible=bool(infos), open=not main)
+        return main, box, infos, main_rules, infos_rules
+
+    def lint_view(code_text, upload_file, running: str = ""):
         out = diagnose.ui_lint(code_text, upload_file)
-        return (*out, out[1])
+        rows, rules = out[1], out[-1]
+        main, box, infos, main_rules, infos_rules = shown(rows, rules)
+        return (out[0], main, box, infos, *out[2:10], main_rules, infos_rules, rows, rules, running,
+                gr.Plot(value=None, visible=False))  # a diagnosis replaces the last run's results too
 
-    outputs = [status, table, md_file, json_file, rule, fixed_note, fixed_code, diff, fixed_file, diff_file,
-               row_rules, lint_rows]
-    run.click(page_event(lint_and_keep, len(outputs)), [code, upload], outputs, **lint_queue(), **page("ui_lint"))
+    def run_view(code_text, upload_file):
+        name = diagnose.input_name(code_text, upload_file)
+        return lint_view(code_text, upload_file, f"Running **{common.md_escape(name)}** on this host…")
+
+    outputs = [status, table, infos_box, info_table, md_file, json_file, rule, fixed_note, fixed_code, diff,
+               fixed_file, diff_file, row_rules, info_rules, lint_rows, lint_rules, trace_status, trace_plot]
+    # made when an error clears them (a component made here, at build time, would join the page)
+    blank = {2: lambda: gr.Accordion(visible=False), 17: lambda: gr.Plot(value=None, visible=False)}
+    run.click(None, js=scroll_to("lint-status"), queue=False, api_visibility="private")
+    run.click(page_event(lint_view, len(outputs), blank=blank), [code, upload], outputs,
+              **lint_queue(), **page("ui_lint"))
     table.select(row_select(diagnose.rule_at), [row_rules], [rule], **FAST, **page("ui_pick_rule"))
+    info_table.select(row_select(diagnose.rule_at), [info_rules], [rule], **FAST, **page("ui_pick_info_rule"))
     rule.change(page_event(diagnose.explain, 1, clear=False), [rule], [explanation],
                 **FAST, **page("ui_explain_rule"))
-    trace_outputs = [trace_status, table, row_rules, trace_plot]
+    trace_outputs = [trace_status, table, infos_box, info_table, row_rules, info_rules, trace_plot]
+
     def trace_and_show(*args, progress=None):
         status_md, rows, rules, fig = trace.ui_trace(*args, progress=progress)
-        return status_md, rows, rules, gr.update(value=fig, visible=fig is not None)
+        # the run's own rows follow the static ones: their fix in the page's words (the message and
+        # the status quote what the script printed, which stays as printed)
+        static = len(args[4] or [])
+        rows = rows[:static] + [[*r[:5], common.for_page(r[5])] for r in rows[static:]]
+        main, box, infos, main_rules, infos_rules = shown(rows, rules)
+        return (f"*{common.stamp()}* · {status_md}", main, box, infos, main_rules, infos_rules,
+                gr.Plot(value=fig, visible=fig is not None))
 
-    trace_btn.click(page_event(trace_and_show, len(trace_outputs), progress=True),
-                    [code, upload, trace_args, trace_steps, lint_rows, row_rules, trace_policy, trace_nproc],
-                    trace_outputs,
-                    **gpu_queue(), **page("ui_trace"))
+    # A run first diagnoses the same input again (the table and reports then belong to the script
+    # that runs, not to whatever was diagnosed before), then runs it and adds what it saw.
+    trace_btn.click(None, js=scroll_to("lint-status"), queue=False, api_visibility="private")
+    trace_btn.click(page_event(run_view, len(outputs), blank=blank), [code, upload], outputs,
+                    **lint_queue(), **page("ui_trace_lint")) \
+        .then(page_event(trace_and_show, len(trace_outputs), progress=True, clear=False),
+              [code, upload, trace_args, trace_steps, lint_rows, lint_rules, trace_policy, trace_nproc],
+              trace_outputs,
+              **gpu_queue(), **page("ui_trace"))
 
+
+_FINDING_WIDTHS = ["8%", "15%", "6%", "23%", "24%", "24%"]
 
 
 def _model_picker(prefix: str, weights: bool = False) -> list:
@@ -185,8 +225,9 @@ def _speedup_tab() -> None:
             json_file = gr.File(label="Result (JSON)", interactive=False, elem_id="speed-json")
     table = gr.Dataframe(headers=speedup.TABLE_HEADERS, label="Results", interactive=False,  # full width
                          wrap=True, elem_id="speed-table",
-                         column_widths=["8%", "8%", "7%", "12%", "10%", "7%", "15%", "33%"])
+                         column_widths=["8%", "8%", "7%", "12%", "9%", "14%", "14%", "28%"])
     outputs = [status, table, plot, verdict, json_file]
+    run.click(None, js=scroll_to("speed-status"), queue=False, api_visibility="private")
     run.click(page_event(speedup.ui_speedup, len(outputs), progress=True), [*model, device, precisions, budget, compile_],
               outputs, **gpu_queue(), **page("ui_speedup"))
 
@@ -249,6 +290,8 @@ def _check_tab() -> None:
               **gpu_queue(), **page("ui_check"))
     inspect_btn.click(page_event(check.ui_inspect, 2), [ckpt], [inspect_md, inspect_json],
                       **FAST, **page("ui_inspect"))
+    # the Run button sits below the model picker; the results (and a bad spec's problems) start at the top
+    run.click(None, js=scroll_to("check-status"), queue=False, api_visibility="private")
 
 
 def _question_control(q: dict):
@@ -312,11 +355,16 @@ def _questionnaire_tab() -> None:
             with gr.Accordion("Adjust the training loop", open=False):
                 options = [_recipe_control(o) for o in _safe(recipe.options_meta, [])]
                 regen = gr.Button("Regenerate", elem_id="q-regenerate")
-                regen_status = gr.Markdown()
+                regen_status = gr.Markdown(elem_id="q-regenerate-status")
     if not controls:
         return
-    run.click(page_event(questionnaire.ui_recommend, 3 + len(options)), controls,
-              [verdict, code, script, *options], **FAST, **page("ui_recommend"))
+    def recommend(*values):  # a new recommendation replaces the last "Regenerate" note too
+        return (*questionnaire.ui_recommend(*values), "")
+
+    # the button ends a long column of questions; the answer starts at the top of the page
+    run.click(None, js=scroll_to("q-recommendation"), queue=False, api_visibility="private")
+    run.click(page_event(recommend, 4 + len(options)), controls,
+              [verdict, code, script, *options, regen_status], **FAST, **page("ui_recommend"))
     regen.click(page_event(recipe.ui_render, 3), options, [regen_status, code, script], **FAST, **page("ui_recipe"))
     if "gpu" in by_key:
         detect.click(page_event(questionnaire.ui_detect, 2, status_index=1, clear=False), None,

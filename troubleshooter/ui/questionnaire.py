@@ -201,7 +201,9 @@ def recommend_with_loop(answers: dict) -> tuple[dict, str, str]:
 def ui_recommend(*values) -> tuple:
     """The Recommend button: (recommendation, code, train_amp.py, *recipe-builder control values)."""
     d, code, path = recommend_with_loop(answers_from_controls(*values))
-    return (common.for_page(decision_markdown(d)), code, path, *recipe.controls_from_options(_decision_options(d)))
+    heading, _, rest = decision_markdown(d).partition("\n")
+    shown = f"{heading}\n*{common.stamp()}, for the answers on the left*\n{rest}"
+    return (common.for_page(shown), code, path, *recipe.controls_from_options(_decision_options(d)))
 
 
 def ui_detect() -> tuple[str, str]:

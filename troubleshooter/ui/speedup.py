@@ -11,7 +11,10 @@ from .server import SETTINGS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 MAX_BUDGET_S = 600.0
-TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory", "vs fp32 (95% interval)",
+# the speedup is the median of the paired per-round ratios (docs/speedup.md), not the ratio of the
+# median columns beside it: the header says which
+TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory",
+                 "speedup vs fp32 (paired median, 95% interval)",
                  "final loss (Δ vs fp32)", "note"]
 
 
@@ -150,6 +153,6 @@ def ui_speedup(mode, preset, params, yaml_text, upload, device, precisions, budg
     source = specinput.source_from_inputs(mode, preset, params, yaml_text, upload)
     result = measure(source, device, precisions, budget_s, compile, progress=progress)
     name = result.get("spec", {}).get("name", "model")
-    status = f"Measured **{name}** in {', '.join(result.get('results', {})) or 'no precision'}."
+    status = f"*{common.stamp()}* · Measured **{common.md_escape(name)}** in {', '.join(result.get('results', {})) or 'no precision'}."
     rows = [[common.for_page(c) if isinstance(c, str) else c for c in row] for row in table_rows(result)]
     return status, rows, figure(result), common.for_page(verdict_markdown(result)), _json_download(result)

@@ -20,7 +20,7 @@ MAX_STEPS = 500
 SEEN_AT_RUN_TIME = "seen at run time"
 _NO_EXEC = ("this server does not run uploaded scripts. The operator can start it with --allow-exec "
             "(each run then happens in a child process with a time limit); meanwhile the static "
-            "diagnosis above needs no execution")
+            "diagnosis (lint) needs no execution")
 
 
 def _trace_fn():
