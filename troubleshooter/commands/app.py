@@ -32,13 +32,15 @@ def _checkout_app() -> Path | None:
 
 
 def launch(argv: list[str]) -> int:
-    try:
-        import gradio  # noqa: F401  (fail here, with the install hint, not deep in the page)
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("gradio") is None:  # fail here, with the install hint, not deep in the page
         raise UserError("the app needs gradio, which is not installed here: "
                         "pip install 'amp-troubleshooter[app]' (or pip install -r requirements.txt)") from None
     page_name = f"{__package__.rsplit('.', 1)[0]}.ui.page"
     if importlib.util.find_spec(page_name) is not None:
+        from ..ui import server
+
+        settings = server.settings_or_exit(argv)  # --help or a mistake: answered before gradio loads
+        server.apply_and_probe(settings)  # the device probe runs while gradio loads
         page = importlib.import_module(page_name)
         if hasattr(page, "build_demo"):
             return _serve(page, argv)

@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
     started_at = time.time()  # importing torch and building the model count against --budget
     from ..engine.check import check_report, parse_only
+    from ..heap import freeze_if_command
     from ..spec import source_from_args
 
+    freeze_if_command()  # torch and the engine are imported: later collections skip them
     parse_only(args.only)
     source = source_from_args(args)
     if args.nproc is not None:

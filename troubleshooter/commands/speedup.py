@@ -63,8 +63,10 @@ def _progress_printer(enabled: bool):
 def run(args: argparse.Namespace) -> int:
     from ..engine.precision import parse_precisions
     from ..engine.speedup import format_text, speedup_source
+    from ..heap import freeze_if_command
     from ..spec import source_from_args
 
+    freeze_if_command()  # torch and the engine are imported: later collections skip them
     source = source_from_args(args)
     precisions = parse_precisions(args.precisions) if args.precisions else None
     if args.plot and not args.plot.lower().endswith(".png"):

@@ -59,6 +59,10 @@ def main(config_path: str) -> None:
         install_rank(rec, cfg["distributed"], writer)
     exit_info: dict = {"status": "finished", "exception": None, "code": 0}
     import runpy
+
+    from ..heap import freeze_imports
+
+    freeze_imports()  # torch and the tracer stay for the whole run: the script's collections skip them
     try:
         runpy.run_path(script, run_name="__main__")
     except TraceStop:
