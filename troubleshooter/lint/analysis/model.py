@@ -8,6 +8,7 @@ from .astutil import tail, walk, walk_indexed
 from .autocast import Autocast, AutocastResolution
 from .events import Scope
 from .names import Names
+from .prefilter import event_capable_defs
 from .roles import Roles
 from .walker import Walker
 
@@ -81,6 +82,7 @@ class FileModel(Roles, AutocastResolution):
         if self.of_class(ast.AsyncFunctionDef):
             order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
             defs.sort(key=lambda n: order[id(n)])
+        capable = event_capable_defs(self, defs)
         for node in defs:
             cls = self.parents_of_func.get(id(node))
             scope = Scope(node, node.name, cls.name if cls else None)
@@ -92,7 +94,7 @@ class FileModel(Roles, AutocastResolution):
                 ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
                 if ac is not None:
                     regions.append(ac)
-            self.scopes.append(Walker(self, scope, tuple(regions)).run(node.body))
+            self.scopes.append(Walker(self, scope, tuple(regions), light=id(node) not in capable).run(node.body))
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)

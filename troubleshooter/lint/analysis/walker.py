@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 class Walker:
     """Walk one scope's statements in order, recording events with their context."""
 
-    def __init__(self, model: "FileModel", scope: Scope, regions: tuple = ()):
+    def __init__(self, model: "FileModel", scope: Scope, regions: tuple = (), light: bool = False):
         self.m = model
+        if light:  # a scope that cannot record an event (prefilter.py): only its call names and regions
+            self._exprs = self._call_names
         self.s = scope
         self.order = 0
         self.base_regions = regions
@@ -124,6 +126,22 @@ class Walker:
     def _is_scale_call(self, node: ast.AST) -> bool:
         return (isinstance(node, ast.Call) and func_tail(node) == "scale" and receiver(node) is not None
                 and (self.m.is_scaler(tail(receiver(node))) or "scal" in (tail(receiver(node)) or "").lower()))
+
+    def _call_names(self, node: ast.AST, ctx) -> None:
+        """`_exprs` for a scope that records no event: what `_call` notes about every call, nothing more."""
+        calls = self.s.calls
+        region = ctx[2][-1] if ctx[2] and ctx[2][-1].active and not ctx[3] else None
+        Call = ast.Call
+        under = []
+        for n in self.m.walk(node):
+            if n.__class__ is Call:
+                t = tail(n.func)
+                if t:
+                    calls.add(t)
+                if region is not None:
+                    under.append(n)
+        under.sort(key=lambda c: (c.lineno, c.col_offset))  # `_exprs` order
+        self.s.region_calls += [(region, c) for c in under]
 
     def _exprs(self, node: ast.AST, ctx) -> None:
         calls: list[ast.AST] = []
