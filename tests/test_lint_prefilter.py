@@ -59,3 +59,21 @@ def test_light_walk_keeps_call_names_and_regions(models):
             assert scope.calls == full.calls, (name, scope.name)
             assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in full.regions], \
                 (name, scope.name)
+
+
+def test_linting_leaves_no_reference_cycles():
+    """lint/runner.py turns the cycle collector off while linting: that is only safe while a file's
+    model is freed by reference counting (a cycle would keep every file's tree alive until the end)."""
+    import gc
+
+    from troubleshooter.lint import lint_paths
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert lint_paths([str(p) for p in sorted((ROOT / "tests" / "lint_corpus").glob("*.py"))[:12]]).findings
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()

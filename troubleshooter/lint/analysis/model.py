@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 import ast
+import weakref
+from functools import partial
 from typing import Any, Callable
 
 from .astutil import tail, walk, walk_indexed
 from .autocast import Autocast, AutocastResolution
-from .events import Scope
+from .events import LazyScope, Scope
 from .names import Names
-from .prefilter import event_capable_defs
+from .prefilter import defs_holding, event_capable_defs
 from .roles import Roles
-from .walker import Walker
+from .walker import LightWalker, Walker
+
+
+def _walk_later(model_ref, scope: Scope) -> None:
+    """A LazyScope's walk, on first use. The model is held weakly: a scope holding its model would make
+    a reference cycle, and linting runs with the cycle collector off (lint/runner.py)."""
+    LightWalker(model_ref(), scope).run(scope.node.body)
 
 
 class Memo:
@@ -83,9 +91,12 @@ class FileModel(Roles, AutocastResolution):
             order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
             defs.sort(key=lambda n: order[id(n)])
         capable = event_capable_defs(self, defs)
+        with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
+        later = partial(_walk_later, weakref.ref(self))
         for node in defs:
             cls = self.parents_of_func.get(id(node))
-            scope = Scope(node, node.name, cls.name if cls else None)
+            lazy = id(node) not in capable and id(node) not in with_defs  # no event, no autocast region
+            scope = (LazyScope if lazy else Scope)(node, node.name, cls.name if cls else None)
             regions: list[Autocast] = []
             for d in node.decorator_list:
                 if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
@@ -94,7 +105,12 @@ class FileModel(Roles, AutocastResolution):
                 ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
                 if ac is not None:
                     regions.append(ac)
-            self.scopes.append(Walker(self, scope, tuple(regions), light=id(node) not in capable).run(node.body))
+            if lazy:
+                scope.walk_later(later)
+                self.scopes.append(scope)
+            else:
+                walker = Walker if id(node) in capable else LightWalker
+                self.scopes.append(walker(self, scope, tuple(regions)).run(node.body))
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)

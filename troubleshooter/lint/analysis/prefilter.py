@@ -82,3 +82,12 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 changed = True
     return {id(d) for d in defs
             if id(d) in hot or has_trigger(d) or helper_names(d) & hot_names}
+
+
+def defs_holding(m: "FileModel", defs: list[ast.AST], classes: tuple[type, ...]) -> set[int]:
+    """ids of the defs in `defs` whose lines hold a node of one of `classes` (a superset, by lines)."""
+    lines = sorted(n.lineno for cls in classes for n in m.of_class(cls))
+    if not lines:
+        return set()
+    return {id(d) for d in defs
+            if bisect_left(lines, d.lineno) < bisect_right(lines, d.end_lineno or d.lineno)}

@@ -21,10 +21,8 @@ if TYPE_CHECKING:
 class Walker:
     """Walk one scope's statements in order, recording events with their context."""
 
-    def __init__(self, model: "FileModel", scope: Scope, regions: tuple = (), light: bool = False):
+    def __init__(self, model: "FileModel", scope: Scope, regions: tuple = ()):
         self.m = model
-        if light:  # a scope that cannot record an event (prefilter.py): only its call names and regions
-            self._exprs = self._call_names
         self.s = scope
         self.order = 0
         self.base_regions = regions
@@ -128,20 +126,14 @@ class Walker:
                 and (self.m.is_scaler(tail(receiver(node))) or "scal" in (tail(receiver(node)) or "").lower()))
 
     def _call_names(self, node: ast.AST, ctx) -> None:
-        """`_exprs` for a scope that records no event: what `_call` notes about every call, nothing more."""
+        """`_exprs` for a scope that records no event: the call names `_call` notes, nothing more."""
         calls = self.s.calls
-        region = ctx[2][-1] if ctx[2] and ctx[2][-1].active and not ctx[3] else None
         Call = ast.Call
-        under = []
         for n in self.m.walk(node):
             if n.__class__ is Call:
                 t = tail(n.func)
                 if t:
                     calls.add(t)
-                if region is not None:
-                    under.append(n)
-        under.sort(key=lambda c: (c.lineno, c.col_offset))  # `_exprs` order
-        self.s.region_calls += [(region, c) for c in under]
 
     def _exprs(self, node: ast.AST, ctx) -> None:
         calls: list[ast.AST] = []
@@ -204,9 +196,6 @@ class Walker:
         q = (m.names.qual(c.func) or "") if t == "backward" or t == "save" else ""  # only these two ask
         if t:
             self.s.calls.add(t)
-        regions = ctx[2]
-        if regions and regions[-1].active and not ctx[3]:
-            self.s.region_calls.append((regions[-1], c))
         if t == "backward":
             if q.endswith("autograd.backward") and c.args:
                 self._backward(c.args[0], c, ctx)
@@ -316,6 +305,13 @@ class Walker:
         return out
 
 
+
+
+class LightWalker(Walker):
+    """The walk of a scope that cannot record an event (prefilter.py): statements, loops, `with`
+    regions and call names, without looking at what each call does."""
+
+    _exprs = Walker._call_names
 
 
 def accum_count(test: ast.AST):
