@@ -52,10 +52,11 @@ class FileModel(Roles, AutocastResolution):
         self.tree = tree
         self.source = source
         self.lines = source.splitlines()
-        self.nodes, self._children = walk_indexed(tree)
+        self.nodes, self._children, by_class = walk_indexed(tree)
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
+        self.memo.put(("by_class",), by_class)
         self.names = Names(self.nodes)
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
@@ -123,16 +124,7 @@ class FileModel(Roles, AutocastResolution):
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
-        return self.memo.get(("by_class",), self._index_classes).get(cls, [])
-
-    def _index_classes(self) -> dict[type, list[ast.AST]]:
-        index: dict[type, list[ast.AST]] = {}
-        for n in self.nodes:
-            bucket = index.get(n.__class__)
-            if bucket is None:
-                index[n.__class__] = bucket = []
-            bucket.append(n)
-        return index
+        return self.memo.peek(("by_class",)).get(cls, [])
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""
