@@ -24,7 +24,7 @@ compiled first and PYTHONDONTWRITEBYTECODE dropped for the children, as in an in
 `git archive <rev> troubleshooter | tar -x -C ROOT`) gives byte-identical `lint --no-cache --format
 json` output on each tree: speed work must change no finding.
 
-    python bench/lint_speed.py --trees /tmp/corpora/nanogpt /tmp/corpora/timm --rounds 3 [--same-as /tmp/old]
+    python bench/lint_speed.py --trees /tmp/corpora/nanogpt /tmp/corpora/timm --rounds 3 [--same-as /tmp/old] [--before /tmp/old]
 
 --baseline ROOT (a folder holding another version's `troubleshooter/`, e.g. from
 `git archive <rev> troubleshooter | tar -x -C ROOT`) adds rounds of fresh processes alternating
@@ -208,17 +208,18 @@ def same_output(other_root: str, tree: Path) -> bool:
     return True
 
 
-def _rounds(tools: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
-    """CPU seconds of each tool, `rounds` times, the order rotating every round (load drifts)."""
+def _rounds(tools: dict[str, list[str]], rounds: int, before: str | None = None) -> dict[str, list[float]]:
+    """CPU seconds of each tool, `rounds` times, the order rotating every round (load drifts). The tool
+    named "before" runs in the `before` checkout (another version of our package)."""
     cpu: dict[str, list[float]] = {k: [] for k in tools}
     names = list(tools)
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            cpu[k].append(_cpu_of(tools[k], ROOT)[0])
+            cpu[k].append(_cpu_of(tools[k], Path(before) if k == "before" else ROOT)[0])
     return cpu
 
 
-def time_trees(trees: list[str], rounds: int, same_as: str | None) -> dict:
+def time_trees(trees: list[str], rounds: int, same_as: str | None, before: str | None = None) -> dict:
     """Side-by-side CPU seconds per tree (median of `rounds` rotating rounds) and their ratios."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "troubleshooter")],
                    capture_output=True, env=_child_env())
@@ -241,11 +242,12 @@ def time_trees(trees: list[str], rounds: int, same_as: str | None) -> dict:
                 results.setdefault("different", []).append(name)
             cache = tmp / f"cache_{name}"
             tools = {"ours": _ours("--no-cache", str(work)),
+                     **({"before": _ours("--no-cache", str(work))} if before else {}),
                      "ours_cached": _ours("--cache-dir", str(cache), str(work)),
                      "floor": [sys.executable, "-c", FLOOR, str(work)],
                      **{k: v + [str(work)] for k, v in peers.items()}}
             _cpu_of(tools["ours_cached"], ROOT)  # fills the cache: every timed cached run is a second run
-            cpu = _rounds(tools, rounds)
+            cpu = _rounds(tools, rounds, before)
             med = {k: statistics.median(v) for k, v in cpu.items()}
             ratios = {f"ours/{k}": med["ours"] / med[k] for k in med if k != "ours"}
             ratios["ours_cached/floor"] = med["ours_cached"] / med["floor"]
@@ -256,10 +258,11 @@ def time_trees(trees: list[str], rounds: int, same_as: str | None) -> dict:
             print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
         small = tmp / "small16.py"
         small.write_text(SMALL_FILE)
-        tools = {"ours": _ours("--no-cache", str(small)), "python -c pass": [sys.executable, "-c", "pass"],
+        tools = {"ours": _ours("--no-cache", str(small)),
+                 **({"before": _ours("--no-cache", str(small))} if before else {}), "python -c pass": [sys.executable, "-c", "pass"],
                  **{k: v + [str(small)] for k, v in peers.items()}}
         n = max(rounds, 9)
-        med = {k: statistics.median(v) for k, v in _rounds(tools, n).items()}
+        med = {k: statistics.median(v) for k, v in _rounds(tools, n, before).items()}
         results["small_file"] = {"cpu_s": med, "ratios": {f"ours/{k}": med["ours"] / med[k] for k in med if k != "ours"}}
         print(f"one 16-line file, CPU s (median of {n}): " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
         print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in results["small_file"]["ratios"].items()))
@@ -280,13 +283,14 @@ def main(argv=None) -> int:
     ap.add_argument("--trees", nargs="+", metavar="DIR", help="time these source trees side by side (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="with --trees: rotating rounds per tree (median)")
     ap.add_argument("--same-as", metavar="ROOT", help="with --trees: check ROOT's troubleshooter gives the same output")
+    ap.add_argument("--before", metavar="ROOT", help="with --trees: also time ROOT's troubleshooter (cold) in the same rounds")
     ap.add_argument("--time-one", nargs=3, metavar=("TOOL", "ROOT", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.time_one:
         print(_time_one(*args.time_one))
         return 0
     if args.trees:
-        results = time_trees(args.trees, args.rounds, args.same_as)
+        results = time_trees(args.trees, args.rounds, args.same_as, args.before)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
         return 1 if results.get("different") else 0
