@@ -12,8 +12,8 @@ def pytest_collection_finish(session):
     """Once every test module is imported: the tests' models are tiny, so torch runs them on one
     thread here (two threads spin against each other and the other jobs on a 2-core machine for no
     gain), and what the imports made (torch, gradio, transformers: hundreds of thousands of objects
-    that live as long as the session) leaves the garbage collector's walks, which otherwise cost a
-    third of the in-process tests' time (BENCHMARKS.md, "Test suite and start-up")."""
+    that live as long as the session) leaves the garbage collector's walks, which otherwise cost
+    about 40% of the in-process check tests' CPU time (BENCHMARKS.md, "Test suite and start-up")."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     gc.collect()

@@ -3,10 +3,11 @@
 A job process (a worker's job, a trace's child, one `check` or `speedup` command) imports torch
 and the rest before its first step: a few hundred thousand objects that live as long as the
 process. Every full collection walks all of them again, and a small model's steps make enough
-short-lived objects to trigger one every few steps; on the small models people check first
-those walks cost about a fifth of the run (BENCHMARKS.md, "Test suite and start-up"). After the
-imports, `freeze_imports()` moves everything alive into the collector's permanent generation,
-so collections look only at what the run makes.
+short-lived objects to trigger one every few steps. After the imports, `freeze_imports()` moves
+everything alive into the collector's permanent generation, so collections look only at what the
+run makes. In the test session the same freeze cut the in-process check tests' CPU time by about
+40% (BENCHMARKS.md, "Test suite and start-up"); for one command the gain is smaller than this
+shared machine's noise and was not measured apart from it.
 
 Only for processes that run one job and end: in a long-lived process (the app server, a user's
 notebook) cyclic garbage that exists when it is called would never be collected.
