@@ -110,7 +110,7 @@ class _Writer:
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
                 "exit": exit_info, "final": exit_info is not None, "framework": _framework_result(),
-                "autocast_policy": self._policy(), "step_unit": rec.step_unit}
+                "autocast_policy": self._policy(), "step_unit": rec.step_unit, "overhead": rec.overhead()}
 
     policy: tuple = ("host", None)
 

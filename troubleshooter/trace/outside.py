@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
+from time import perf_counter
+from types import SimpleNamespace
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -89,6 +91,7 @@ class OutsideOps(TorchFunctionMode):
         self.kept_elements = 0
         self.scanned_steps = 0
         self.autocast: str | None = None  # the autocast dtype when the window opened
+        self.meter = SimpleNamespace(own_s=0.0)  # its time is added to `meter.own_s` (numerics: the Recorder)
 
     # -- arming --------------------------------------------------------------------------
     def disarm(self) -> None:
@@ -114,25 +117,31 @@ class OutsideOps(TorchFunctionMode):
     # -- recording: references and version counters only, no kernel, no sync --------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.armed or getattr(func, "__name__", "") == "__get__":
+        if not self.armed:
             return func(*args, **kwargs)
-        if _skipped_caller(sys._getframe(1).f_code.co_filename) or len(self.records) >= MAX_OPS:
-            if len(self.records) >= MAX_OPS:
+        started = perf_counter()
+        name = getattr(func, "__name__", "")
+        if name == "__get__" or _skipped_caller(sys._getframe(1).f_code.co_filename) or len(self.records) >= MAX_OPS:
+            if len(self.records) >= MAX_OPS and name != "__get__":
                 self.dropped += 1
+            self.meter.own_s += perf_counter() - started
             return func(*args, **kwargs)
         try:
-            name = getattr(func, "__name__", "")
             inputs = _floating(args) + (_floating(list(kwargs.values())) if kwargs else [])
             inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
             # an in-place op overwrites its input: judge that one now (rare in loss code)
             in_flag = _all_finite(inputs) if inplace and inputs else None
         except Exception:  # noqa: BLE001 - an odd tensor (nested, subclass): watch nothing, change nothing
+            self.meter.own_s += perf_counter() - started
             return func(*args, **kwargs)
+        own = perf_counter() - started
         out = func(*args, **kwargs)
+        started = perf_counter()
         try:
             self._record(func, args, kwargs, inputs, in_flag, inplace, out)
         except Exception:  # noqa: BLE001 - the script's result stands whatever our bookkeeping meets
             self.dropped += 1
+        self.meter.own_s += own + perf_counter() - started
         return out
 
     def _record(self, func, args, kwargs, inputs, in_flag, inplace, out) -> None:
