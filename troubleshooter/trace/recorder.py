@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 import weakref
 from time import perf_counter
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .frameworks import entered_by_framework
-from .locate import user_frame
+from .locate import _cache as _user_files, is_user_file, user_frame
 
 MAX_EVENTS_PER_STEP = 100
 MAX_VIOLATIONS = 500
@@ -120,7 +121,16 @@ class Recorder:
         self.step_flagged: set[str] = set()
 
     def event(self, kind: str, where: tuple | None = None, **data: Any) -> dict:
-        path, line, func = where or user_frame(3)
+        if where is None:  # user_frame(3), inlined: it runs for every wrapped call
+            frame = sys._getframe(2)
+            while frame is not None:
+                code = frame.f_code
+                known = _user_files.get(code.co_filename)
+                if known or (known is None and is_user_file(code.co_filename)):
+                    break
+                frame = frame.f_back
+            where = (code.co_filename, frame.f_lineno, code.co_name) if frame is not None else (None, None, None)
+        path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
             self.open_next = False
