@@ -266,7 +266,9 @@ class Numerics:
         self._out_grads = {}
 
     def _keep_inputs(self, module, args, kwargs):
-        device = next((t.device.type for t in _tensors(args)), "cpu")
+        first = args[0] if args else None
+        device = first.device.type if type(first) is torch.Tensor else next(
+            (t.device.type for t in _tensors(args)), "cpu")
         try:
             ac = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         except (RuntimeError, TypeError):

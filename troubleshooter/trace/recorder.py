@@ -582,10 +582,16 @@ class Recorder:
 
 
 def _scaler_enabled(scaler) -> bool:
+    enabled = getattr(scaler, "_enabled", None)  # what GradScaler.is_enabled() returns: ~10 calls a step
+    if type(enabled) is bool and type(scaler).is_enabled is _IS_ENABLED:
+        return enabled
     try:
         return bool(scaler.is_enabled())
     except Exception:  # noqa: BLE001
         return False
+
+
+_IS_ENABLED = torch.amp.GradScaler.is_enabled
 
 
 def first_param(optimizer) -> torch.Tensor | None:
