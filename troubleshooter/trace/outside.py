@@ -176,7 +176,7 @@ class OutsideOps(TorchFunctionMode):
         self.kept_elements += size
         code = caller.f_code
         where = ((code.co_filename, caller.f_lineno, getattr(code, "co_qualname", code.co_name))
-                 if is_user_file(code.co_filename) else _user_frame(caller.f_back))
+                 if is_user_file(code.co_filename) else _user_frame_from(caller.f_back))
         self.records.append({
             "func": func, "args": args, "kwargs": kwargs,
             "inputs": [] if inplace else [(t, t._version) for t in inputs],
@@ -276,7 +276,12 @@ def _local_grad_finite(r: dict) -> bool | None:
     return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
 
 
-def _user_frame(frame) -> tuple[str | None, int | None, str | None]:
+def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
+    """The innermost user frame from `depth` frames above this call outwards."""
+    return _user_frame_from(sys._getframe(depth))
+
+
+def _user_frame_from(frame) -> tuple[str | None, int | None, str | None]:
     """The innermost user frame from `frame` outwards (an op called from torch's own Python, e.g.
     `F.cross_entropy` through `handle_torch_function`, is the user's line that called it)."""
     while frame is not None:
