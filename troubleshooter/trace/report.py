@@ -106,8 +106,8 @@ def overhead_line(report: dict) -> str | None:
         return None
     share = o.get("share")
     of_step = f" ({share:.1%} of the step without it)" if share is not None else ""
-    return (f"Tracing added about {per_step:.3g} ms per step{of_step}: the tracer's own code, median "
-            f"over {o.get('steps_timed')} steps of {step:.3g} ms.")
+    return (f"Tracing added about {per_step:.3g} ms per step{of_step}: the tracer's own code, timed in "
+            f"the run (median of {o.get('steps_timed')} steps; a step took {step:.3g} ms with it).")
 
 
 def _clean_line(report: dict) -> str:
