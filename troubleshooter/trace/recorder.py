@@ -145,8 +145,9 @@ class Recorder:
     def overhead(self) -> dict:
         """What tracing added per step: the median over steps of the time spent in the tracer's own
         code (wrappers, hooks, step analysis, result snapshots) between two step ends, beside
-        the median step (wall time from one step's end to the next, tracing included). A lower
-        bound: the interpreter's calls into our code and torch's dispatch to them are not timed."""
+        the median step (wall time from one step's end to the next, tracing included). Not timed:
+        the interpreter's calls into our code and torch's dispatch to it; timed: a garbage
+        collection or a wait for the CPU that falls inside our code (docs/trace.md)."""
         marks = self.step_marks
         walls = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
         owns = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
