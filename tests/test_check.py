@@ -34,7 +34,7 @@ def test_command_constants_match_the_engine():
     from troubleshooter.commands import check as command
 
     assert command.CHECKS == check.CHECKS and command.DEFAULT_STEPS == check.DEFAULT_STEPS
-    assert command.DEFAULT_BUDGET_S == check.DEFAULT_BUDGET_S
+    assert command.DEFAULT_BUDGET_S == check.FIRST_ANSWER_BUDGET_S
 
 
 def test_parse_only_orders_and_validates():

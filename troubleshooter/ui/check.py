@@ -14,7 +14,7 @@ CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
 CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignment",
                 "skiprate": "fp16 skip rate", "nan": "NaN/Inf localisation", "headroom": "overflow/underflow headroom"}
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
-DEFAULT_UI_BUDGET_S = 60.0  # as the CLI's --budget
+DEFAULT_UI_BUDGET_S = 9.0  # the first answer, as the CLI's --budget (engine.check.FIRST_ANSWER_BUDGET_S)
 MIN_UI_BUDGET_S = 5.0  # the page's number box
 # the page's choice of autocast policy on a CPU host (engine.autocast_policy)
 AUTOCAST_POLICY_CHOICES = [("CUDA's (answers for your GPU)", "cuda"), ("this CPU's own (training on CPUs)", "host")]
@@ -115,7 +115,7 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page
-    return (f"*{common.stamp()}* · " + say(render.status_markdown(report)),
+    return (f"*{common.stamp()}* · " + say(render.status_markdown(report, "page")),
             say(render.section_markdown(report, "capability")),
             say(render.findings_markdown(report)), say(render.section_markdown(report, "alignment")),
             render.alignment_rows(report), say(render.section_markdown(report, "skiprate")),
