@@ -222,8 +222,9 @@ def test_a_dict_with_its_own_loss_needs_no_loss_fn():
 
 # ---------------------------------------------------------------- the time budget (issue 11.5)
 def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch):
-    """Every step 'takes' 1 s of a fake clock: a 6 s budget gives the skip-rate probe its share of
-    steps, the nan check its first precision only, and the report lists both cuts."""
+    """Every step 'takes' 1 s of a fake clock: a 16 s budget gives the nan check (it runs first) its
+    first precision only, the skip-rate probe (last) the steps that fit what is left, and the report
+    lists both cuts."""
     from troubleshooter.engine import budget as budget_mod, nanhunt, skiprate
 
     now = [0.0]
@@ -243,7 +244,7 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
         monkeypatch.setattr(mod, "perf_counter", fake)
     seen = []
     r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate,nan", steps=50,
-                        budget_s=6.0, progress=lambda f, m: seen.append((f, m)))
+                        budget_s=16.0, progress=lambda f, m: seen.append((f, m)))
     s = r["skiprate"]["summary"]
     assert s["stopped_by_budget"] and s["steps"] < s["steps_requested"] == 50 and "rests on" in s["note"]
     nan = r["nan"]["precisions"]
@@ -251,6 +252,8 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
     assert r["errors"]["nan"]["kind"] == "budget" and r["exit_code"] == 1
     assert not [f for f in r["findings"] if f["precision"] == "bf16"]  # not run is not a finding
     assert any("skiprate" in c for c in r["budget"]["cut"]) and any("bf16 not run" in c for c in r["budget"]["cut"])
+    assert list(r["timings_s"])[:2] == ["nan", "skiprate"]  # the skip-rate probe runs last (issue 28)
+    assert r["budget"]["suggested_s"] > 16 and f"--budget {r['budget']['suggested_s']:g}" in r["budget"]["more"]
     steps = [m for _, m in seen if m.startswith("skiprate: fp16 step")]
     assert len(steps) == s["steps"]  # progress moves per step
     fractions = [f for f, _ in seen]
