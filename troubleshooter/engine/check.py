@@ -13,11 +13,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..errors import UserError
 from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
+from .check_options import CHECKS, MAX_BUDGET_S, MAX_STEPS, parse_only, validated  # noqa: F401 (names kept here)
+from .check_options import check_budget as _check_budget, check_steps as _check_steps
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
 from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findings, check_policy, \
@@ -25,15 +26,12 @@ from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findi
 from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .training_step import is_oom, release
 
-CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
-MAX_STEPS = 10000
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_BUDGET_S = 60.0  # the whole run, for library callers (run_check, check_source)
 # The first answer (CLI, page and API default): capability, alignment, headroom and NaN answer in
 # seconds on a busy 2-core CPU; what does not fit is listed in `budget.cut`, with how to ask for more.
 FIRST_ANSWER_BUDGET_S = 9.0
-MAX_BUDGET_S = 24 * 3600.0
 _WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
 # Run order: the fast checks that find the most first (alignment and the one-step headroom check
 # find AMP201/202/203/210; the NaN check AMP205/206/212), the skip-rate probe, which needs many
@@ -45,20 +43,6 @@ RUN_ORDER = ("capability", "alignment", "headroom", "nan", "skiprate")
 _BUDGET_WEIGHT = {"capability": 0.25, "alignment": 0.25, "headroom": 4, "nan": 4, "skiprate": 2}
 HOOKED_STEP = 1.3  # a step with the nan/headroom hooks on, relative to a plain step (bench/nan_overhead.py)
 Progress = Callable[[float, str], None]
-
-
-def parse_only(only: str | Iterable[str] | None) -> list[str]:
-    """'alignment,nan' (or a list) -> the checks in CHECKS order; None -> all of them."""
-    if only is None:
-        return list(CHECKS)
-    parts = only.split(",") if isinstance(only, str) else list(only)
-    names = [p.strip().lower() for p in parts if p and p.strip()]
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise UserError(f"unknown check(s) {', '.join(unknown)}: choose from {', '.join(CHECKS)}")
-    if not names:
-        raise UserError(f"--only names no check: choose from {', '.join(CHECKS)}")
-    return [c for c in CHECKS if c in names]
 
 
 # ---------------------------------------------------------------- one function per check
@@ -202,18 +186,6 @@ def _error_entry(name: str, exc: BaseException, device: torch.device) -> dict[st
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return {"kind": "failed", "message": f"the {name} check failed: {type(exc).__name__}"
                                          + (f": {text}" if text else "")}
-
-
-def _check_steps(steps: Any) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
-
-
-def _check_budget(budget_s: Any) -> None:
-    if budget_s is None:
-        return
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s <= MAX_BUDGET_S:
-        raise UserError(f"--budget must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {budget_s!r}")
 
 
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
@@ -411,13 +383,11 @@ def check_options(device: str | torch.device = "auto", only: str | Iterable[str]
                   steps: Any = DEFAULT_STEPS, budget_s: Any = DEFAULT_BUDGET_S,
                   autocast_policy: str = "cuda") -> dict[str, Any]:
     """The options of a check run, validated by the rules `run_check` applies (UserError with
-    the reason), as `check_source` keyword arguments: the app asks before it starts a worker."""
-    selected = parse_only(only)
-    _check_steps(steps)
-    _check_budget(budget_s)
-    policy = check_policy(autocast_policy)
-    dev = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
-    return {"device": dev, "only": selected, "steps": steps, "budget_s": budget_s, "autocast_policy": policy}
+    the reason), as `check_source` keyword arguments (the app's server uses `check_options.validated`
+    with its own device probe, so it never imports torch)."""
+    out = validated(device, only, steps, budget_s, autocast_policy)
+    out["device"] = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
+    return out
 
 
 def check_report(source, **kwargs: Any):

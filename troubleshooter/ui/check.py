@@ -58,11 +58,13 @@ def _budget(budget_s) -> float:
 
 def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S,
             autocast_policy="cuda") -> dict:
-    """The `check_source` keyword arguments for these page/API values, validated by the engine."""
-    from ..engine.check import check_options
+    """The `check_source` keyword arguments for these page/API values, validated by the engine's
+    rules (`engine.check_options`: no torch in the server) and the device by the host probe."""
+    from ..engine.check_options import validated
 
-    return check_options(device=(device or "auto").strip() or "auto", only=_only(checks), steps=_steps(steps),
-                         budget_s=_budget(budget_s), autocast_policy=autocast_policy)
+    kwargs = validated("auto", _only(checks), _steps(steps), _budget(budget_s), autocast_policy)
+    kwargs["device"] = host.device_key(host.validate_device(device))  # what `auto` and `cuda` name here
+    return kwargs
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
