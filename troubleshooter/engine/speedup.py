@@ -267,7 +267,8 @@ def run_speedup(
             continue
         try:
             runners[p], _ = _prepare(workload, p, dev, seed, compile, batches, warmup_steps,
-                                     budget_s * WARMUP_SHARE / max(1, len(available)))
+                                     budget_s * WARMUP_SHARE / max(1, len(available)), deadline,
+                                     CHEAP_SHARE * budget_s)
         except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
             errors[p] = _error_text(exc, compile)
         if p in errors:
@@ -364,12 +365,12 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
     return run_with_workload(source, run_speedup, allow_exec=allow_exec, timeout_s=timeout, **kwargs)
 
 
-def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
+def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s, deadline=None, cheap_s=0.0):
     """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
 
     The warm-up is cut short once it has eaten this precision's share of the budget (after one
-    step for a very slow eager model, two with --compile); the losses are then compared at the
-    step count all precisions reached.
+    step for a very slow eager model, two with --compile), or once the next step (dearer than
+    `cheap_s`) would end past `deadline`; the losses are then compared at the step count all precisions reached.
     """
     cuda = dev.type == "cuda"
     if cuda:
@@ -384,17 +385,24 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
         # the first step on a CPU is traced for memory: it allocates grads and optimizer state in view
         seconds = _cpu_memory_step(runner, batch) if (n == 0 and dev.type == "cpu") else runner.warm_up_step(batch)
         n += 1
+        # the next step would end past the budget (and is not cheap): what ran is the warm-up
+        no_room = (deadline is not None and n >= (2 if compile else 1) and seconds > cheap_s
+                   and time.perf_counter() + seconds > deadline)
         if n == 1:
             # one-time costs (compiling, library init) make the first step unrepresentative; only a
             # step so slow that it alone used twice the share stops an eager warm-up here
             if not compile and seconds > 2 * share_s:
                 runner.too_slow = True
                 break
+            if no_room:
+                break
             continue
         spent += seconds
         if spent > share_s:
             # a second step that alone used the share: this precision cannot do rounds in budget
             runner.too_slow = n == 2 and not compile and seconds > share_s
+            break
+        if no_room:
             break
     if cuda:
         prec.synchronize(dev)
