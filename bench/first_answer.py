@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -209,6 +210,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="with --stages (default: no limit)")
     ap.add_argument("--json", type=Path, help="write every row here")
     args = ap.parse_args(argv)
+    # stopped with SIGTERM or SIGINT (ignored by default in a background job), the servers and
+    # spinners are still stopped by the `finally` blocks
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(143))
     with busy(args.busy):
         if args.stages:
             print(json.dumps(stages(args.preset, args.budget), indent=1))

@@ -321,3 +321,13 @@ def test_headroom_progress_moves_within_the_check():
     assert "headroom: fp16 GradScaler step 1 at scale 65536" in inside  # per real fp16 step
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and len(set(fractions)) > 3
+
+
+def test_a_busy_host_gets_one_thread_per_free_core():
+    """Issue 28: PyTorch's threads wait for cores other processes hold (gpt: 35 s on 2 threads at
+    load 2.7, 8.8 s on one); the check takes the cores the host leaves free, at least one."""
+    from troubleshooter.engine.threads import threads_for
+
+    assert threads_for(2.7, cores=2, default=2) == 1 and threads_for(9.0, cores=2, default=2) == 1
+    assert threads_for(0.3, cores=2, default=2) == 2 and threads_for(1.2, cores=4, default=4) == 3
+    assert threads_for(0.0, cores=8, default=4) == 4  # never more than PyTorch's own default

@@ -17,13 +17,14 @@ from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
-from .check_options import CHECKS, MAX_BUDGET_S, MAX_STEPS, parse_only, validated  # noqa: F401 (names kept here)
+from .check_options import CHECKS, MAX_BUDGET_S, MAX_STEPS, parse_only, validated  # noqa: F401 (kept importable here)
 from .check_options import check_budget as _check_budget, check_steps as _check_steps
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
 from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findings, check_policy, \
     describe as describe_policy
 from .lowp_emulation import describe as describe_emulation, half_on_float32
+from .threads import cpu_threads
 from .training_step import is_oom, release
 
 DEFAULT_STEPS = 20
@@ -207,7 +208,7 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
         budget.started -= max(0.0, time.time() - started_at)
     token = track_costs(StepCosts(workload.flops_per_step, dev))
     try:
-        with cuda_policy_on_cpu(dev, policy) as policy_run, \
+        with cuda_policy_on_cpu(dev, policy) as policy_run, cpu_threads(dev) as threads, \
                 half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
             result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
@@ -217,6 +218,8 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     if banned:
         result["findings"] = result["findings"] + banned
         result["exit_code"] = exit_code(result)
+    if threads:
+        result["device"]["threads"] = threads
     emulated = describe_emulation(emulation)
     if emulated:
         result["device"]["half_emulation"] = emulated

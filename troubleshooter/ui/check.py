@@ -14,7 +14,7 @@ CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
 CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignment",
                 "skiprate": "fp16 skip rate", "nan": "NaN/Inf localisation", "headroom": "overflow/underflow headroom"}
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
-DEFAULT_UI_BUDGET_S = 9.0  # the first answer, as the CLI's --budget (engine.check.FIRST_ANSWER_BUDGET_S)
+DEFAULT_UI_BUDGET_S = 8.0  # the first answer: the CLI's 9 s less the page's round trip (queue, worker, the report back)
 MIN_UI_BUDGET_S = 5.0  # the page's number box
 # the page's choice of autocast policy on a CPU host (engine.autocast_policy)
 AUTOCAST_POLICY_CHOICES = [("CUDA's (answers for your GPU)", "cuda"), ("this CPU's own (training on CPUs)", "host")]
