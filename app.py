@@ -20,6 +20,7 @@ if __name__ == "__main__":
     from troubleshooter.ui import server
 
     settings = server.settings_or_exit(sys.argv[1:])  # --help or a mistake: answered before gradio loads
+    server.apply_and_probe(settings)  # the device probe runs while gradio loads
     from troubleshooter.ui.page import serve
 
     sys.exit(serve(settings))

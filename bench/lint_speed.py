@@ -12,6 +12,20 @@ each the median of --repeat runs, and prints ms per 1000 lines and the ratios.
     python bench/lint_speed.py [--lines 100000] [--repeat 3] [--json out.json]
     python bench/lint_speed.py --lines 20000 --skip-torchfix --baseline /tmp/old   # before/after
 
+--trees DIR [DIR ...] times real source trees side by side in one run instead (the issue-28 figures):
+each tree's .py files copied once, then rounds of fresh processes in rotating order, CPU seconds of each
+child from getrusage: ours (CLI, --no-cache, one process), ours again with a warm result cache (a second
+run over the unchanged tree), a bare read + `ast.parse` of the same files (the floor any Python AST
+linter pays), `ruff check --select ALL --silent --isolated --no-cache`, and `python -m pyflakes`; then the
+start-up on one 16-line file (ours, pyflakes, ruff, a bare `python -c pass`). ruff and pyflakes are
+optional (`pip install ruff pyflakes`); a missing one is skipped with the reason printed. Bytecode is
+compiled first and PYTHONDONTWRITEBYTECODE dropped for the children, as in an installed package.
+--same-as ROOT (with --trees) first checks that ROOT's `troubleshooter` (another version, e.g.
+`git archive <rev> troubleshooter | tar -x -C ROOT`) gives byte-identical `lint --no-cache --format
+json` output on each tree: speed work must change no finding.
+
+    python bench/lint_speed.py --trees /tmp/corpora/nanogpt /tmp/corpora/timm --rounds 3 [--same-as /tmp/old] [--before /tmp/old]
+
 --baseline ROOT (a folder holding another version's `troubleshooter/`, e.g. from
 `git archive <rev> troubleshooter | tar -x -C ROOT`) adds rounds of fresh processes alternating
 that version, this one and pyflakes on the same files: before/after and ours/pyflakes in one run.
@@ -113,6 +127,151 @@ def _baseline_rounds(baseline: str, folder: Path, rounds: int) -> dict[str, list
     return out
 
 
+SMALL_FILE = '''"""A 16-line training snippet: the start-up comparison lints this one file."""
+import torch
+from torch import nn
+
+model = nn.Linear(16, 4).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cuda")
+for step in range(10):
+    x = torch.randn(8, 16, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x).float().pow(2).mean()
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+'''
+
+FLOOR = ("import ast, os, sys\n"
+         "for d, _, fs in os.walk(sys.argv[1]):\n"
+         "    for f in fs:\n"
+         "        if f.endswith('.py'):\n"
+         "            with open(os.path.join(d, f), 'rb') as fh:\n"
+         "                ast.parse(fh.read())\n")
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its bytecode; so does this run
+    return env
+
+
+def _cpu_of(cmd: list[str], cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """CPU seconds (user + system, all threads) of one child process, and its result."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, capture_output=True, cwd=cwd, env=_child_env())
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), done
+
+
+def _peers() -> tuple[dict[str, list[str]], list[str]]:
+    """The peer tools found here, as command prefixes; and why the others are skipped."""
+    found, skipped = {}, []
+    ruff = shutil.which("ruff")
+    if ruff:
+        found["ruff"] = [ruff, "check", "--select", "ALL", "--silent", "--isolated", "--no-cache", "--exit-zero"]
+    else:
+        skipped.append("ruff: not installed (pip install ruff)")
+    try:
+        import pyflakes  # noqa: F401
+        found["pyflakes"] = [sys.executable, "-m", "pyflakes"]
+    except ImportError:
+        skipped.append("pyflakes: not installed (pip install pyflakes)")
+    return found, skipped
+
+
+def _ours(*args: str) -> list[str]:
+    """Our CLI (run with cwd set to the checkout whose `troubleshooter` package it should use)."""
+    return [sys.executable, "-m", "troubleshooter", "lint", "--format", "json", "--exit-zero", *args]
+
+
+def _copy_py(tree: str, dest: Path) -> tuple[int, int]:
+    """The tree's .py files alone (every tool sees the same files; pyflakes reads no notebooks)."""
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+    for p in dest.rglob("*"):
+        if p.is_file() and p.suffix != ".py":
+            p.unlink()
+    py = list(dest.rglob("*.py"))
+    return len(py), sum(p.read_bytes().count(b"\n") for p in py)
+
+
+def same_output(other_root: str, tree: Path) -> bool:
+    """ROOT's troubleshooter and this one give byte-identical `lint --no-cache --format json` on tree."""
+    outs = [subprocess.run(_ours("--no-cache", str(tree)), capture_output=True, cwd=root, env=_child_env()).stdout
+            for root in (Path(other_root), ROOT)]
+    if outs[0] != outs[1]:
+        print(f"  DIFFERENT lint output on {tree.name} between {other_root} and this checkout")
+        return False
+    print(f"  same lint output on {tree.name} as {other_root} ({len(json.loads(outs[1])['findings'])} findings)")
+    return True
+
+
+def _rounds(tools: dict[str, list[str]], rounds: int, before: str | None = None) -> dict[str, list[float]]:
+    """CPU seconds of each tool, `rounds` times, the order rotating every round (load drifts). The tool
+    named "before" runs in the `before` checkout (another version of our package)."""
+    cpu: dict[str, list[float]] = {k: [] for k in tools}
+    names = list(tools)
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            cpu[k].append(_cpu_of(tools[k], Path(before) if k == "before" else ROOT)[0])
+    return cpu
+
+
+def time_trees(trees: list[str], rounds: int, same_as: str | None, before: str | None = None) -> dict:
+    """Side-by-side CPU seconds per tree (median of `rounds` rotating rounds) and their ratios."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "troubleshooter")],
+                   capture_output=True, env=_child_env())
+    peers, skipped = _peers()
+    for why in skipped:
+        print(f"skipped {why}")
+    results: dict = {"trees": {}, "skipped": skipped, "python": platform.python_version(),
+                     "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "rounds": rounds,
+                     "loadavg_start": os.getloadavg()}
+    if "ruff" in peers:
+        results["ruff_version"] = subprocess.run([peers["ruff"][0], "--version"], capture_output=True,
+                                                 text=True).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="lint_trees_"))
+    try:
+        for tree in trees:
+            name = Path(tree).name
+            work = tmp / name
+            files, lines = _copy_py(tree, work)
+            if same_as and not same_output(same_as, work):
+                results.setdefault("different", []).append(name)
+            cache = tmp / f"cache_{name}"
+            tools = {"ours": _ours("--no-cache", str(work)),
+                     **({"before": _ours("--no-cache", str(work))} if before else {}),
+                     "ours_cached": _ours("--cache-dir", str(cache), str(work)),
+                     "floor": [sys.executable, "-c", FLOOR, str(work)],
+                     **{k: v + [str(work)] for k, v in peers.items()}}
+            _cpu_of(tools["ours_cached"], ROOT)  # fills the cache: every timed cached run is a second run
+            cpu = _rounds(tools, rounds, before)
+            med = {k: statistics.median(v) for k, v in cpu.items()}
+            ratios = {f"ours/{k}": med["ours"] / med[k] for k in med if k != "ours"}
+            ratios["ours_cached/floor"] = med["ours_cached"] / med["floor"]
+            results["trees"][name] = {"files": files, "lines": lines, "cpu_s": med, "runs": cpu, "ratios": ratios,
+                                      "files_per_cpu_s": {k: files / v for k, v in med.items() if v}}
+            print(f"{name}: {files} files, {lines} lines; CPU s (median of {rounds}): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
+            print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        small = tmp / "small16.py"
+        small.write_text(SMALL_FILE)
+        tools = {"ours": _ours("--no-cache", str(small)),
+                 **({"before": _ours("--no-cache", str(small))} if before else {}), "python -c pass": [sys.executable, "-c", "pass"],
+                 **{k: v + [str(small)] for k, v in peers.items()}}
+        n = max(rounds, 9)
+        med = {k: statistics.median(v) for k, v in _rounds(tools, n, before).items()}
+        results["small_file"] = {"cpu_s": med, "ratios": {f"ours/{k}": med["ours"] / med[k] for k in med if k != "ours"}}
+        print(f"one 16-line file, CPU s (median of {n}): " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
+        print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in results["small_file"]["ratios"].items()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    results["loadavg_end"] = os.getloadavg()
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000)
@@ -121,11 +280,20 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-torchfix", action="store_true", help="do not time TorchFix (it takes minutes)")
     ap.add_argument("--dir", help="time these existing files (a real source tree) instead of generated ones")
     ap.add_argument("--baseline", help="folder with another version's troubleshooter/ package to compare against")
+    ap.add_argument("--trees", nargs="+", metavar="DIR", help="time these source trees side by side (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --trees: rotating rounds per tree (median)")
+    ap.add_argument("--same-as", metavar="ROOT", help="with --trees: check ROOT's troubleshooter gives the same output")
+    ap.add_argument("--before", metavar="ROOT", help="with --trees: also time ROOT's troubleshooter (cold) in the same rounds")
     ap.add_argument("--time-one", nargs=3, metavar=("TOOL", "ROOT", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.time_one:
         print(_time_one(*args.time_one))
         return 0
+    if args.trees:
+        results = time_trees(args.trees, args.rounds, args.same_as, args.before)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 1 if results.get("different") else 0
 
     from troubleshooter.lint import lint_paths
 

@@ -19,6 +19,13 @@ variation on a shared VM is about +-10%, larger than the effects measured. Targe
     python bench/trace_overhead.py                     # CPU, in one process, a few minutes on a busy 2-core VM
     python bench/trace_overhead.py --mode processes    # end to end: fresh processes, trace_script()
     python bench/trace_overhead.py --device cuda --precision bf16 --rounds 5
+    python bench/trace_overhead.py --compare /tmp/base --script-loss   # another checkout's tracer, same rounds
+
+Short steps (a fixed per-step cost shows there): MLP presets of about 0.5, 2 and 5 ms per step on
+a 2-core CPU (`--preset mlp:in_features=64,hidden=64,depth=2,num_classes=8,batch_size=16`, ...,
+see BENCHMARKS.md), `--steps 300 --rounds 20`. `tracer_own_ms` is what the trace report states
+(the tracer's own code timed in the run, median per step); `traced_added_ms` is the difference
+measured from outside, which also holds the interpreter's and torch's dispatch to that code.
 """
 from __future__ import annotations
 
@@ -92,6 +99,11 @@ def run_inprocess(args) -> dict[str, list[float]]:
     from troubleshooter.trace.patches import install
     from troubleshooter.trace.recorder import Recorder
 
+    tracers = {"": (Recorder, Numerics, install)}
+    if args.compare:
+        tracers["base_"] = _other_tracer(args.compare)
+    modes = tuple(prefix + m if m.startswith("traced") else m for m in MODES for prefix in tracers
+                  if prefix == "" or m.startswith("traced"))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     device, precision = args.device, args.precision
@@ -126,12 +138,17 @@ def run_inprocess(args) -> dict[str, list[float]]:
     def block(mode: str) -> float:
         rec = numerics = installed = None
         ctx = contextlib.nullcontext()
-        if mode.startswith("traced"):
+        prefix = "base_" if mode.startswith("base_") else ""
+        if mode.startswith(prefix + "traced"):
+            Recorder, Numerics, install = tracers[prefix]
             rec = Recorder(10 ** 9)
-            numerics = Numerics(rec, nan=mode == "traced_nan", headroom=False)
+            numerics = Numerics(rec, nan=mode.endswith("traced_nan"), headroom=False)
             rec.on_step = numerics.on_step
             installed = install(rec)
-            rec.on_scaler_init(scaler)  # it predates install; in a traced script install comes first
+            # they predate install; in a traced script install comes first (without the optimizer's
+            # creation the recorder would count every backward() as a step of a loop without one)
+            rec.on_scaler_init(scaler)
+            rec.on_optimizer_init(opt)
         elif mode == "detect_anomaly":
             ctx = torch.autograd.detect_anomaly(check_nan=True)
         times = []
@@ -148,20 +165,44 @@ def run_inprocess(args) -> dict[str, list[float]]:
             if installed is not None:
                 installed.remove()
                 numerics.close()
-        if mode == "traced_nan" and not numerics.checked_steps:
+        if mode.endswith("traced_nan") and not numerics.checked_steps:
             raise SystemExit("the --nan hooks did not run: the benchmark would measure nothing")
+        if rec is not None and hasattr(rec, "overhead"):  # what the report states (newer tracers)
+            own[mode].append(rec.overhead()["per_step_ms"])
         return statistics.median(times)
 
     import warnings
     warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
-    results: dict[str, list[float]] = {m: [] for m in MODES}
+    results: dict[str, list[float]] = {m: [] for m in modes}
+    own: dict[str, list[float]] = {m: [] for m in modes if "traced" in m}
     for r in range(args.rounds):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
             results[mode].append(block(mode))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in MODES),
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in modes),
               file=sys.stderr, flush=True)
+    args.own = {m: round(statistics.median(v), 4) if v else None for m, v in own.items()}
     return results
+
+
+def _other_tracer(checkout: str):
+    """Another checkout's tracer (`git worktree add /tmp/base COMMIT`) in this process, imported
+    as the package `troubleshooter_base` (a link to its package folder): the tracer's modules
+    import each other relatively, so the two copies share nothing but torch. Only one copy is
+    installed at a time (each block installs and removes its own)."""
+    import importlib
+    import tempfile
+
+    package = Path(checkout).resolve() / "troubleshooter"
+    if not (package / "trace" / "recorder.py").is_file():
+        raise SystemExit(f"--compare: no troubleshooter/trace in {checkout}")
+    link_dir = Path(tempfile.mkdtemp(prefix="trace-overhead-"))
+    (link_dir / "troubleshooter_base").symlink_to(package, target_is_directory=True)
+    sys.path.insert(0, str(link_dir))
+    recorder = importlib.import_module("troubleshooter_base.trace.recorder")
+    numerics = importlib.import_module("troubleshooter_base.trace.numerics")
+    patches = importlib.import_module("troubleshooter_base.trace.patches")
+    return recorder.Recorder, numerics.Numerics, patches.install
 
 
 # -- end to end, a process per run -------------------------------------------------------------
@@ -199,11 +240,16 @@ def main() -> None:
     p.add_argument("--script-loss", action="store_true",
                    help="in-process only: compute the loss in this file (recorded by trace's loss watch)")
     p.add_argument("--mode", choices=("inprocess", "processes"), default="inprocess")
+    p.add_argument("--compare", metavar="DIR", help="in-process: also time the tracer of another checkout of this "
+                   "project (`git worktree add /tmp/base COMMIT`) in the same rounds, as base_traced and "
+                   "base_traced_nan; implies --script-loss (the loss computed in this file for both)")
     args = p.parse_args()
     if args.child:
         child(args.child, args.preset, args.device, args.precision, args.warmup, args.steps, args.anomaly)
         return
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.compare:
+        args.script_loss = True  # the base tracer would record this package's loss ops as the script's
     if args.rounds is None:
         args.rounds = 15 if args.mode == "inprocess" else 5
     if args.mode == "inprocess":
@@ -227,12 +273,20 @@ def main() -> None:
     print(json.dumps({
         "started": started, "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
         "load_average": os.getloadavg(), "python": platform.python_version(),
-        "torch": __import__("torch").__version__, "preset": args.preset, "script_loss": args.script_loss, "device": args.device,
+        "torch": __import__("torch").__version__, "compare": args.compare, "preset": args.preset, "script_loss": args.script_loss, "device": args.device,
         "precision": args.precision, "mode": args.mode, "rounds": args.rounds, "steps_per_run": args.steps,
         "median_ms": {m: round(v * 1e3, 3) for m, v in med.items()},
         "traced_added": round(traced_added, 4), "traced_added_per_round": [round(x, 4) for x in per_round_traced],
+        "traced_added_ms": round((med["traced"] - plain) * 1e3, 4),
+        "tracer_own_ms": getattr(args, "own", None),  # as the report states it: the tracer's own code, timed in the run
         "nan_over_anomaly": round(nan_ratio, 4), "nan_over_anomaly_per_round": [round(x, 4) for x in per_round],
         "targets": {"traced_added": 0.05, "nan_over_anomaly": 0.2},
+        # the fastest block per mode: on a loaded host other tenants only ever add time
+        "min_ms": {m: round(min(v) * 1e3, 3) for m, v in results.items()},
+        **({"base_traced_added": round((med["base_traced"] - plain) / plain, 4),
+            "base_traced_added_ms": round((med["base_traced"] - plain) * 1e3, 4),
+            "base_nan_over_anomaly": round((med["base_traced_nan"] - plain) / (med["detect_anomaly"] - plain), 4)}
+           if "base_traced" in med else {}),
     }, indent=2))
 
 

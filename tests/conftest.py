@@ -2,7 +2,22 @@
 session, shared by the API test and the browser test (starting it costs ~10 s)."""
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
+
+
+def pytest_collection_finish(session):
+    """Once every test module is imported: the tests' models are tiny, so torch runs them on one
+    thread here (two threads spin against each other and the other jobs on a 2-core machine for no
+    gain), and what the imports made (torch, gradio, transformers: hundreds of thousands of objects
+    that live as long as the session) leaves the garbage collector's walks, which otherwise cost
+    about 40% of the in-process check tests' CPU time (BENCHMARKS.md, "Test suite and start-up")."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")

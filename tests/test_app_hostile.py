@@ -163,11 +163,21 @@ pids.append(int(os.read(r, 32)))
 open({pid_file!r}, 'w').write(' '.join(map(str, pids)))
 
 secrets = {secrets!r}
-texts, server_seen = [repr(dict(os.environ))], 0
+parent = {{}}  # this test's server and what runs below it; other servers on the machine are not ours to count
 for proc in glob.glob('/proc/[0-9]*'):
     try:
-        cmdline = open(proc + '/cmdline', 'rb').read().decode(errors='replace')
-        environ = open(proc + '/environ', 'rb').read().decode(errors='replace')
+        parent[int(proc[6:])] = int(open(proc + '/stat').read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        continue
+tree, grew = {{{server_pid}}}, True
+while grew:
+    below = {{pid for pid, ppid in parent.items() if ppid in tree}} - tree
+    tree, grew = tree | below, bool(below)
+texts, server_seen = [repr(dict(os.environ))], 0
+for pid in sorted(tree):
+    try:
+        cmdline = open(f'/proc/{{pid}}/cmdline', 'rb').read().decode(errors='replace')
+        environ = open(f'/proc/{{pid}}/environ', 'rb').read().decode(errors='replace')
     except OSError:
         continue
     server_seen += 'app.py' in cmdline and '--allow-exec' in cmdline and bool(environ)
@@ -184,15 +194,17 @@ def _alive(pid_file: Path) -> list[int]:
     return [p for p in pids if os.path.exists(f"/proc/{p}")]
 
 
-def test_jobs_leave_no_child_alive_and_see_no_server_secret(caller, tmp_path):
+def test_jobs_leave_no_child_alive_and_see_no_server_secret(server, caller, tmp_path):
     """A model file and a traced script each start a setsid() child, a forked child and a
     double-forked daemon, and look for the login password and the cloud key in their environment
-    and in every process's environment and command line they can read (the server's included:
-    SERVER_SEEN). They count what they find; the secrets are never printed. When each job has
-    ended (the model file by raising), none of its children is alive and nothing was found."""
+    and in the environment and command line of every process of this test's server they can read
+    (the server's own included: SERVER_SEEN; other servers on the machine are left out). They count
+    what they find; the secrets are never printed. When each job has ended (the model file by
+    raising), none of its children is alive and nothing was found."""
     pid_file = tmp_path / "model-pids"
     model = tmp_path / "model.py"
-    model.write_text(LEAVES_CHILDREN_AND_LOOKS_FOR_SECRETS.format(pid_file=str(pid_file), secrets=list(SECRETS))
+    model.write_text(LEAVES_CHILDREN_AND_LOOKS_FOR_SECRETS.format(pid_file=str(pid_file), secrets=list(SECRETS),
+                                                                  server_pid=server.proc.pid)
                      + "def build_model():\n    raise RuntimeError(REPORT)\ndef make_batch(n):\n    return None\n")
     message = caller.error("check", _check(spec_file=caller.upload(model)))
     assert "FOUND=0 SERVER_SEEN=1" in message and "'PATH'" in message, message
@@ -200,7 +212,8 @@ def test_jobs_leave_no_child_alive_and_see_no_server_secret(caller, tmp_path):
     assert _alive(pid_file) == []
     pid_file = tmp_path / "trace-pids"
     script = tmp_path / "train.py"
-    script.write_text(LEAVES_CHILDREN_AND_LOOKS_FOR_SECRETS.format(pid_file=str(pid_file), secrets=list(SECRETS)))
+    script.write_text(LEAVES_CHILDREN_AND_LOOKS_FOR_SECRETS.format(pid_file=str(pid_file), secrets=list(SECRETS),
+                                                                   server_pid=server.proc.pid))
     kind, out = caller.call("trace", [caller.upload(script), "", 2, "cpu", "cuda"])
     assert kind == "complete", out
     assert "FOUND=0 SERVER_SEEN=1" in json.loads(out[0])["exit"]["stdout_tail"]

@@ -2,6 +2,7 @@
 a bad upload, and screenshots of each (tests/artifacts/, a few copied to docs/screenshots/)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -88,8 +89,9 @@ def open_tab(page, title: str) -> None:
 
 def upload(page, elem_id: str, path: Path) -> None:
     page.locator(f"#{elem_id} input[type=file]").set_input_files(str(path))
-    # wait for gradio to finish uploading: the file name shows in the component
-    page.locator(f"#{elem_id}").get_by_text(path.name).first.wait_for()
+    # wait for gradio to finish uploading: the file's row shows in the component. Found by its label:
+    # the row's text is the name cut into stem and extension (`hangs .py`), shortened when long.
+    page.locator(f"#{elem_id} [aria-label={json.dumps(path.name)}]").first.wait_for()
 
 
 def test_header_shows_the_device(page):

@@ -34,7 +34,7 @@ def test_command_constants_match_the_engine():
     from troubleshooter.commands import check as command
 
     assert command.CHECKS == check.CHECKS and command.DEFAULT_STEPS == check.DEFAULT_STEPS
-    assert command.DEFAULT_BUDGET_S == check.DEFAULT_BUDGET_S
+    assert command.DEFAULT_BUDGET_S == check.FIRST_ANSWER_BUDGET_S
 
 
 def test_parse_only_orders_and_validates():
@@ -222,8 +222,9 @@ def test_a_dict_with_its_own_loss_needs_no_loss_fn():
 
 # ---------------------------------------------------------------- the time budget (issue 11.5)
 def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch):
-    """Every step 'takes' 1 s of a fake clock: a 6 s budget gives the skip-rate probe its share of
-    steps, the nan check its first precision only, and the report lists both cuts."""
+    """Every step 'takes' 1 s of a fake clock: a 16 s budget gives the nan check (it runs first) its
+    first precision only, the skip-rate probe (last) the steps that fit what is left, and the report
+    lists both cuts."""
     from troubleshooter.engine import budget as budget_mod, nanhunt, skiprate
 
     now = [0.0]
@@ -243,7 +244,7 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
         monkeypatch.setattr(mod, "perf_counter", fake)
     seen = []
     r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate,nan", steps=50,
-                        budget_s=6.0, progress=lambda f, m: seen.append((f, m)))
+                        budget_s=16.0, progress=lambda f, m: seen.append((f, m)))
     s = r["skiprate"]["summary"]
     assert s["stopped_by_budget"] and s["steps"] < s["steps_requested"] == 50 and "rests on" in s["note"]
     nan = r["nan"]["precisions"]
@@ -251,6 +252,8 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
     assert r["errors"]["nan"]["kind"] == "budget" and r["exit_code"] == 1
     assert not [f for f in r["findings"] if f["precision"] == "bf16"]  # not run is not a finding
     assert any("skiprate" in c for c in r["budget"]["cut"]) and any("bf16 not run" in c for c in r["budget"]["cut"])
+    assert list(r["timings_s"])[:2] == ["nan", "skiprate"]  # the skip-rate probe runs last (issue 28)
+    assert r["budget"]["suggested_s"] > 16 and f"--budget {r['budget']['suggested_s']:g}" in r["budget"]["more"]
     steps = [m for _, m in seen if m.startswith("skiprate: fp16 step")]
     assert len(steps) == s["steps"]  # progress moves per step
     fractions = [f for f, _ in seen]
@@ -318,3 +321,13 @@ def test_headroom_progress_moves_within_the_check():
     assert "headroom: fp16 GradScaler step 1 at scale 65536" in inside  # per real fp16 step
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and len(set(fractions)) > 3
+
+
+def test_a_busy_host_gets_one_thread_per_free_core():
+    """Issue 28: PyTorch's threads wait for cores other processes hold (gpt: 35 s on 2 threads at
+    load 2.7, 8.8 s on one); the check takes the cores the host leaves free, at least one."""
+    from troubleshooter.engine.threads import threads_for
+
+    assert threads_for(2.7, cores=2, default=2) == 1 and threads_for(9.0, cores=2, default=2) == 1
+    assert threads_for(0.3, cores=2, default=2) == 2 and threads_for(1.2, cores=4, default=4) == 3
+    assert threads_for(0.0, cores=8, default=4) == 4  # never more than PyTorch's own default

@@ -113,3 +113,19 @@ def test_a_nan_in_every_precision_round_trips_and_reads_the_same():
     assert "NON-FINITE" in nan_md and "ZeroRowNormalise" in nan_md and "creates the nan" in nan_md
     assert render.markdown_to_text(nan_md).strip() in render.render_text(report)
     assert "max |x|" in render.render_text(report)  # escapes undone for the terminal
+
+
+def test_a_cut_run_says_how_to_ask_for_more_in_each_surfaces_words(full_result):
+    """Issue 28: the first answer lists what its budget cut and the budget that would fit the
+    rest: an option on the command line, the page's control, the API's parameter."""
+    cut = copy.deepcopy(full_result)
+    cut["budget"] = {"budget_s": 9.0, "cut": ["skiprate: not run (its first step would not fit)"],
+                     "exceeded_s": None, "suggested_s": 80.0, "more": "run again with --budget 80 to measure the rest"}
+    report = CheckReport.from_dict(cut)
+    assert report.to_dict()["budget"] == cut["budget"]
+    assert "suggested_s" not in CheckReport.from_dict(full_result).to_dict()["budget"]  # nothing cut: as before
+    cli, page, api = (render.budget_markdown(report, s) for s in ("cli", "page", "api"))
+    assert "Time budget 9 s" in cli and "skiprate: not run" in page
+    assert "`--budget 80`" in cli and "--" not in page.replace("(raise --budget)", "")
+    assert "**Time budget (s), shared by the checks** to 80" in page and "budget_s=80" in api
+    assert render.budget_markdown(report, "page") in render.status_markdown(report, "page")

@@ -110,15 +110,16 @@ def loss_fn(logits, targets):
 
 
 def _run_with_faults(tmp_path, options: dict, calls: str, steps: int, *extra: str, out: str = "out"):
-    import subprocess
     import sys
+
+    from tests import _scriptrunner
 
     text = recipes.render_recipe(**options)
     text = text.replace("\ndef get_batch(", _FAULT.format(calls=calls) + "\n\ndef get_batch(", 1)
     script = tmp_path / "train_faulty.py"
     script.write_text(text)
-    return subprocess.run([sys.executable, str(script), "--device", "cpu", "--max-steps", str(steps), "--batch-size",
-                           "2", "--out-dir", str(tmp_path / out), *extra], capture_output=True, text=True, timeout=240)
+    return _scriptrunner.run([sys.executable, str(script), "--device", "cpu", "--max-steps", str(steps),
+                              "--batch-size", "2", "--out-dir", str(tmp_path / out), *extra], None, timeout=240)
 
 
 def test_nan_guard_skips_nonfinite_gradients_and_aborts_on_a_streak(tmp_path):
@@ -216,15 +217,16 @@ def test_every_gan_variant_compiles_lints_clean_and_uses_one_scaler():
 
 
 def test_gan_trains_skips_and_resumes_exactly(tmp_path):
-    import subprocess
     import sys
 
     import torch
 
+    from tests import _scriptrunner
+
     script = tmp_path / "gan.py"
     script.write_text(recipes.render_recipe(model="gan", precision="fp16", clip=1.0, checkpoint=True, nan_guard=True))
     base = [sys.executable, str(script), "--device", "cpu", "--max-steps", "30", "--batch-size", "32"]
-    runs = [subprocess.run(base + extra, capture_output=True, text=True, timeout=240) for extra in
+    runs = [_scriptrunner.run(base + extra, None, timeout=240) for extra in
             (["--out-dir", str(tmp_path / "whole")], ["--out-dir", str(tmp_path / "split"), "--stop-at", "12"],
              ["--out-dir", str(tmp_path / "split"), "--resume"])]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr

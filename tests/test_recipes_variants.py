@@ -1,7 +1,8 @@
 """Every recipe variant (a pairwise covering set) renders, compiles, lints clean and trains on CPU.
 
-Training runs the generated script as a user would, in a subprocess, for a dozen steps on the
-demo model; resume and torchrun (DDP, FSDP2 on gloo) are checked the same way.
+Training runs the generated script as a user would (`python SCRIPT ARGS`, in a child forked from a
+warm interpreter: tests/_scriptrunner.py) for a dozen steps on the demo model; resume and torchrun
+(DDP, FSDP2 on gloo, fresh interpreters) are checked the same way.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import itertools
 import math
 import os
 import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import _scriptrunner as scriptrunner
 from troubleshooter import recipes
 
 # The option values a covering set must pair with each other (distributed runs are separate).
@@ -173,7 +174,7 @@ def _write(tmp_path: Path, name: str, options: dict) -> Path:
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 240, **env) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout)
+    proc = scriptrunner.run(cmd, cwd, _env(**env), timeout)  # `python SCRIPT ...` forks from a warm zygote
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     # A first run prints no warnings of its own (torchrun's OMP_NUM_THREADS notice is the launcher's).
     own = [ln for ln in proc.stderr.splitlines() if "Warning" in ln and "OMP_NUM_THREADS" not in ln]
@@ -265,8 +266,7 @@ def test_resume_in_a_new_process_reproduces_the_uninterrupted_run(tmp_path):
 
 def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
     script = _write(tmp_path, "ck", dict(checkpoint=True, precision="bf16"))
-    proc = subprocess.run([sys.executable, str(script), "--resume", str(tmp_path / "nope.pt")], cwd=tmp_path,
-                          env=_env(), capture_output=True, text=True, timeout=120)
+    proc = scriptrunner.run([sys.executable, str(script), "--resume", str(tmp_path / "nope.pt")], tmp_path, _env(), 120)
     assert proc.returncode != 0 and "no checkpoint at" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -316,3 +316,30 @@ def test_a_steady_ratio_keeps_its_tight_interval():
     ps = paired_speedup(samples["fp32"], samples["bf16"])
     assert (ps.low, ps.high) == pytest.approx(bootstrap_median_ci(ratios), rel=0.01)
     assert ps.high - ps.low < 0.05
+
+
+def test_a_speedup_from_warm_up_steps_only_is_inconclusive():
+    """Issue 28: a busy host's budget left bf16 one warm-up step and fp32 no round beside it; the
+    1.9x ratio of two steps timed apart gave "use AMP". Timed so, it is "too few rounds"."""
+    medians = {"fp32": 5236.0, "bf16": 2780.0}
+    assert make_verdict(medians, device_type="cpu").level == "use_amp"  # what the ratio alone says
+    v = make_verdict(medians, device_type="cpu", warmup_only={"bf16": 1, "fp32": 3})
+    assert v.level == "inconclusive" and not v.findings
+    assert "too few rounds" in v.inconclusive_because[0] and "bf16 from 1 warm-up step" in v.recommendation
+    other = make_verdict(medians, device_type="cpu", warmup_only={"fp16": 1})  # not the compared pair
+    assert other.level == "use_amp"
+
+
+def test_a_precision_whose_step_cannot_end_in_time_is_not_started():
+    import time
+
+    from troubleshooter.engine.budget import StepCosts
+    from troubleshooter.engine.speedup import _no_room_for
+
+    costs = StepCosts(None, "cpu")
+    costs.record("fp16", 12.0)
+    why = _no_room_for("fp16", costs, time.perf_counter() + 5.0, budget_s=20.0)
+    assert why and "12.0 s" in why and "--budget" in why
+    assert _no_room_for("fp16", costs, time.perf_counter() + 15.0, budget_s=20.0) is None  # it fits
+    costs.record("fp16", 0.5)  # cheap work is done even past the deadline: every precision gets a number
+    assert _no_room_for("fp16", costs, time.perf_counter() - 1.0, budget_s=20.0) is None

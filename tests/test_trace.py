@@ -152,6 +152,11 @@ def test_clean_script_has_no_error_or_warning(precision):
     else:
         assert r["scale"] == [None] * 5
     assert "No findings" in render_markdown(r) or "Seen at run time" in render_markdown(r)
+    # what tracing cost, measured in the run: 5 steps give 4 step-to-step intervals
+    cost = r["overhead"]
+    assert cost["steps_timed"] == 4 and 0 < cost["per_step_ms"] < cost["step_ms"] and cost["share"] > 0
+    assert f"Tracing added about {cost['per_step_ms']:.3g} ms per step" in render_text(r)
+    assert "Tracing added about" in render_markdown(r)
 
 
 def test_script_that_raises_in_its_own_code():

@@ -129,6 +129,10 @@ def test_the_app_summary_says_when_no_mixed_precision_ran():
     mixed = summary_markdown({"script": "train.py", "steps_observed": 5, "exit": {"status": "stopped"},
                               "precision": in_effect(_raw([_region()]))})
     assert "Precision in effect: float16 autocast on cpu" in mixed
+    assert "Tracing added" not in mixed  # no overhead measured: no line
+    timed = summary_markdown({"script": "train.py", "steps_observed": 5, "exit": {"status": "stopped"},
+                              "overhead": {"per_step_ms": 0.25, "step_ms": 5.0, "share": 0.05, "steps_timed": 4}})
+    assert "Tracing added about 0.25 ms per step (5.0% of the step without it)" in timed
 
 
 def test_installed_packages_are_not_the_users_files(tmp_path):

@@ -202,3 +202,44 @@ def test_nan_mode_float32_check_skipped_on_nonfinite_parameters_keeps_one_set_of
     finally:
         num.close()
     assert hook_count() == 0 and torch._C._len_torch_function_stack() == 0
+
+
+def test_the_loss_watch_records_the_scripts_ops_only_and_the_tracer_times_itself():
+    # the root model's hooks run before the watch is armed and scaler.scale() stops it: none of
+    # the tracer's own tensor calls (or GradScaler's) pass through it as the script's loss ops;
+    # each completed step leaves a mark for the report's "tracing added about X ms per step"
+    from torch import nn
+
+    from troubleshooter.trace.numerics import Numerics
+    from troubleshooter.trace.patches import install
+    from troubleshooter.trace.recorder import Recorder
+    from troubleshooter.trace.report import overhead_line
+
+    rec = Recorder(steps=100)
+    num = Numerics(rec, nan=False, headroom=False)
+    rec.on_step = num.on_step
+    installed = install(rec)
+    try:
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        x, y = torch.ones(2, 3), torch.zeros(2, 1)
+        for _ in range(3):
+            loss = ((model(x) - y) ** 2).mean()
+            scaled = scaler.scale(loss)
+            assert torch._C._len_torch_function_stack() == 0  # stopped at scale()
+            assert [r["func"].__name__ for r in num.outside.records] == ["sub", "pow", "mean"]
+            assert {r["where"][0] for r in num.outside.records} == {__file__}
+            scaled.backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        assert sorted(num._out_grads) == [0]  # the output gradient kept for a re-run
+    finally:
+        installed.remove()
+        num.close()
+    cost = rec.overhead()
+    assert rec.steps == 3 and cost["steps_timed"] == 2 and 0 < cost["per_step_ms"] < cost["step_ms"]
+    assert rec.own_s > 0 and cost["total_s"] >= 0
+    assert overhead_line({"overhead": cost}).startswith(f"Tracing added about {cost['per_step_ms']:.3g} ms per step (")
+    assert overhead_line({"overhead": Recorder(steps=1).overhead()}) is None  # no step: nothing to state

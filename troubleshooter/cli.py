@@ -24,9 +24,17 @@ _EXTRA_FOR = {"torch": "engine", "numpy": "engine", "matplotlib": "engine", "pyd
               "gradio": "app", "gradio_client": "app", "pygls": "lsp", "lsprotocol": "lsp"}
 
 
-def _command_modules():
+def _command_names() -> list[str]:
     names = [m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
-    names.sort(key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+
+
+def _command_modules(only: str | None = None):
+    """Every command's module, or only `only`'s: `lint FILE` should not pay for importing the
+    questionnaire, the recipes and YAML that other commands need (one command's module per file)."""
+    names = _command_names()
+    if only in names:
+        names = [only]
     return [importlib.import_module(f"{commands.__name__}.{n}") for n in names]
 
 
@@ -48,14 +56,15 @@ def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str 
             "lint, rules, explain, recipe and ask work without it.")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command` (a command's name), that command's parser alone."""
     parser = argparse.ArgumentParser(
         prog=_prog(),
         description="AMP Troubleshooter: diagnose and fix PyTorch FP16/BF16 mixed-precision training.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
+    for module in _command_modules(command):
         module.register(sub)
     return parser
 
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["app"]:  # every later argument, --help included, belongs to the app's own parser
         from .commands.app import launch
         return _guarded(lambda: launch(argv[1:]), "app")
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -8,15 +8,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 
 # Tensor cores want GEMM dimensions in multiples of 16 bytes: 8 float16/bfloat16 elements.
 # Vocabulary sizes (embedding rows, LM heads) do best as multiples of 64.
 HALF_MULTIPLE = 8
 VOCAB_MULTIPLE = 64
+
+
+def _read_yaml(name: str):
+    """A data file, loaded on first use: the linter imports this module for its constants alone."""
+    from importlib import resources
+
+    import yaml
+
+    return yaml.safe_load(resources.files("troubleshooter.data").joinpath(name).read_text(encoding="utf-8"))
 
 
 def padded_size(value: int, multiple: int) -> int:
@@ -58,8 +64,7 @@ def parse_cc(value) -> tuple[int, int]:
 
 @lru_cache(maxsize=1)
 def _data() -> dict:
-    text = resources.files("troubleshooter.data").joinpath("gpus.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return _read_yaml("gpus.yaml")
 
 
 @lru_cache(maxsize=1)
@@ -175,8 +180,7 @@ _ROCM_GFX = re.compile(r"\bgfx\s*(\d{1,2})\.(\d)\b", re.IGNORECASE)
 
 @lru_cache(maxsize=1)
 def _products() -> dict:
-    text = resources.files("troubleshooter.data").joinpath("gpu_products.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = _read_yaml("gpu_products.yaml")
     for group in ("nvidia", "other", "accelerators"):
         for entry in data[group]:
             entry["_regex"] = re.compile(entry["match"])
@@ -234,7 +238,9 @@ def _device_note(entry: dict, raw: str) -> tuple[str, ...]:
 
 
 # Words that name the kind of device, not a product: the answer cannot be known from them.
-_GENERIC = re.compile(r"^(?:an? )?(?:nvidia |amd )?(?:cuda|gpu|cuda gpu|nvidia gpu|nvidia|graphics card|rocm|cuda \d+)$")
+# A pattern string, compiled on first use (re caches it): compiling it costs ~10 ms, which every
+# `lint` run paid for importing this module's constants.
+_GENERIC = r"^(?:an? )?(?:nvidia |amd )?(?:cuda|gpu|cuda gpu|nvidia gpu|nvidia|graphics card|rocm|cuda \d+)$"
 
 
 def _accelerator(raw: str, norm: str) -> ResolvedGpu | None:
@@ -262,7 +268,7 @@ def resolve_gpu(text: str) -> ResolvedGpu:
     other_accelerator = _accelerator(raw, norm)
     if other_accelerator is not None:
         return other_accelerator
-    if _GENERIC.match(norm.replace(":", " ").strip(" 0123456789") or norm):
+    if re.match(_GENERIC, norm.replace(":", " ").strip(" 0123456789") or norm):
         return ResolvedGpu(raw or "GPU", "nvidia" if "amd" not in norm and "rocm" not in norm else "amd", "cuda", "",
                            None, False, True, True, False, False, None, False, False, "", (
                                f"{raw!r} names the kind of device, not the GPU model: assumed a CUDA GPU with fp16 "

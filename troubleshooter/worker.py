@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from . import proctree
 from .errors import UserError
+from .heap import freeze_imports
 
 # Modules a standby child imports while it waits (the slow part of starting a job).
 PRELOAD = ("torch",)
@@ -134,6 +135,7 @@ def _runner_main(conn: Connection) -> None:
     if job is not None:
         func, args, kwargs, memory_mb = job
         _limit_memory(memory_mb)
+        freeze_imports()  # this process runs one job: what the preload and the job's unpickling imported stays
         _send(conn, _run(func, args, kwargs, memory_mb))
     try:
         conn.recv()  # the caller stops the whole tree once it has the answer

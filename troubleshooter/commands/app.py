@@ -31,17 +31,29 @@ def _checkout_app() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def launch(argv: list[str]) -> int:
+def _installed(name: str) -> bool:
+    """Whether `name` can be imported, without importing it (gradio takes seconds)."""
+    if name in sys.modules:
+        return True
     try:
-        import gradio  # noqa: F401  (fail here, with the install hint, not deep in the page)
-    except ModuleNotFoundError:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def launch(argv: list[str]) -> int:
+    if not _installed("gradio"):  # fail here, with the install hint, not deep in the page
         raise UserError("the app needs gradio, which is not installed here: "
                         "pip install 'amp-troubleshooter[app]' (or pip install -r requirements.txt)") from None
     page_name = f"{__package__.rsplit('.', 1)[0]}.ui.page"
-    if importlib.util.find_spec(page_name) is not None:
+    if _installed(page_name):
+        from ..ui import server
+
+        settings = server.settings_or_exit(argv)  # --help or a mistake: answered before gradio loads
+        server.apply_and_probe(settings)  # the device probe runs while gradio loads
         page = importlib.import_module(page_name)
         if hasattr(page, "build_demo"):
-            return _serve(page, argv)
+            return _serve(page, settings)
     app_py = _checkout_app()
     if app_py is None:
         raise UserError("this installation has no page to serve (no troubleshooter.ui.page); "
@@ -51,10 +63,9 @@ def launch(argv: list[str]) -> int:
     return 0
 
 
-def _serve(page, argv: list[str]) -> int:
+def _serve(page, settings) -> int:
     from ..ui import server
 
-    settings = server.settings_or_exit(argv)
     if hasattr(page, "serve"):  # the page's own way: settings, hardening, warm workers, launch
         return page.serve(settings)
     server.apply(settings)  # before building: the layout reads the settings (e.g. --allow-exec)

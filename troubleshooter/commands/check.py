@@ -18,7 +18,7 @@ import sys
 # (tests/test_check.py keeps them equal to the engine's).
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
-DEFAULT_BUDGET_S = 60.0
+DEFAULT_BUDGET_S = 9.0  # engine.check.FIRST_ANSWER_BUDGET_S: the first answer; --budget asks for more
 AUTOCAST_POLICIES = ("cuda", "host")  # engine.autocast_policy.POLICIES
 
 
@@ -48,8 +48,9 @@ def register(subparsers) -> None:
                    help=f"fp16 training steps for the skip-rate probe (default {DEFAULT_STEPS})")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and synthetic batches (default 0)")
     p.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                   help=f"time for the whole run (default {DEFAULT_BUDGET_S:g}): each check gets a share and stops "
-                        "at a step boundary; the report says what did not fit")
+                   help=f"seconds for the whole run, start-up included (default {DEFAULT_BUDGET_S:g}: a first answer; "
+                        "the fast checks run first, each stops at a step boundary, and the report says what did "
+                        "not fit and the budget that would)")
     p.add_argument("--autocast-policy", choices=AUTOCAST_POLICIES, default="cuda",
                    help="on a CPU host: cuda (default) runs autocast with CUDA's op lists (exp, pow, sum, softmax, "
                         "norms and losses in float32), so the answers are your GPU's; host uses the CPU's own "
@@ -80,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
     started_at = time.time()  # importing torch and building the model count against --budget
     from ..engine.check import check_report, parse_only
+    from ..heap import freeze_if_command
     from ..spec import source_from_args
 
+    freeze_if_command()  # torch and the engine are imported: later collections skip them
     parse_only(args.only)
     source = source_from_args(args)
     if args.nproc is not None:

@@ -12,6 +12,8 @@ import sys
 
 from ..errors import UserError
 
+DEFAULT_BUDGET_S = 20.0  # engine.speedup.DEFAULT_BUDGET_S (kept here: building the parser imports no torch)
+
 
 def _budget(text: str) -> float:
     try:
@@ -39,8 +41,9 @@ def register(subparsers) -> None:
     parser.add_argument("--precisions", default=None, metavar="LIST",
                         help="comma-separated subset of fp32,tf32,fp16,bf16 (default: all; "
                              "tf32 is reported unavailable where the device has none)")
-    parser.add_argument("--budget", type=_budget, default=60.0, metavar="SECONDS",
-                        help="time budget including warm-up (default: 60)")
+    parser.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                        help=f"seconds for the whole run, start-up, model build and warm-up included (default: "
+                             f"{DEFAULT_BUDGET_S:g}; a verdict, or \"inconclusive\" with the reason)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each precision's model (compile time counts in the budget)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and batches (default: 0)")
@@ -61,17 +64,22 @@ def _progress_printer(enabled: bool):
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    started_at = time.time()  # importing torch and building the models count against --budget
     from ..engine.precision import parse_precisions
     from ..engine.speedup import format_text, speedup_source
+    from ..heap import freeze_if_command
     from ..spec import source_from_args
 
+    freeze_if_command()  # torch and the engine are imported: later collections skip them
     source = source_from_args(args)
     precisions = parse_precisions(args.precisions) if args.precisions else None
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UserError(f"--plot writes a PNG: give a file name ending in .png, not {args.plot!r}")
     result = speedup_source(
         source, allow_exec=args.allow_exec, device=args.device, precisions=precisions,
-        budget_s=args.budget, compile=args.compile, seed=args.seed,
+        budget_s=args.budget, compile=args.compile, seed=args.seed, started_at=started_at,
         progress=_progress_printer(args.format == "text" and not args.quiet and sys.stderr.isatty()),
     )
     if args.plot:

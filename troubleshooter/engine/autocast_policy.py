@@ -45,9 +45,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..errors import UserError
+from .check_options import POLICIES, check_policy  # noqa: F401 (torch-free: the app's server checks them)
 
-POLICIES = ("cuda", "host")
 LABELS = {"cuda": "CUDA autocast policy emulated on CPU", "host": "host CPU policy"}
 TABLE_TORCH = "2.13.0"
 # torch 2.13.0, include/ATen/autocast_mode.h (AT_FORALL_* lists; BSD-3-Clause, (c) PyTorch
@@ -89,15 +88,6 @@ _APPEND = {"norm.Scalar": ("norm", "ScalarOpt_dtype", (("p", 2),)),
            "norm.ScalarOpt_dim": ("norm", "ScalarOpt_dim_dtype", (("p", None), ("dim", None), ("keepdim", False)))}
 BANNED_MESSAGE = ("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast: "
                   "CUDA autocast raises a RuntimeError here")
-
-
-def check_policy(name: str | None) -> str:
-    """'cuda' (the default: answers for the user's GPU) or 'host' (CPU autocast's own lists)."""
-    value = (name or "cuda").strip().lower()
-    if value not in POLICIES:
-        raise UserError(f"unknown autocast policy {name!r}: use cuda (emulate a GPU's autocast on a CPU host, "
-                        "the default) or host (the CPU's own autocast, for training on CPUs)")
-    return value
 
 
 # ---------------------------------------------------------------- the op lists

@@ -7,46 +7,43 @@ object and is JSON-safe (non-finite numbers appear as the strings "inf", "-inf",
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Iterable
 
 import torch
 
-from ..errors import UserError
 from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
+from .check_options import CHECKS, MAX_BUDGET_S, MAX_STEPS, parse_only, validated  # noqa: F401 (kept importable here)
+from .check_options import check_budget as _check_budget, check_steps as _check_steps
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
 from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findings, check_policy, \
     describe as describe_policy
 from .lowp_emulation import describe as describe_emulation, half_on_float32
+from .threads import cpu_threads
 from .training_step import is_oom, release
 
-CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
 DEFAULT_STEPS = 20
-MAX_STEPS = 10000
 DEFAULT_TIMEOUT_S = 900.0
-DEFAULT_BUDGET_S = 60.0  # the whole run; the app passes its own
-MAX_BUDGET_S = 24 * 3600.0
+DEFAULT_BUDGET_S = 60.0  # the whole run, for library callers (run_check, check_source)
+# The first answer (CLI, page and API default): capability, alignment, headroom and NaN answer in
+# seconds on a busy 2-core CPU; what does not fit is listed in `budget.cut`, with how to ask for more.
+FIRST_ANSWER_BUDGET_S = 9.0
 _WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
+# Run order: the fast checks that find the most first (alignment and the one-step headroom check
+# find AMP201/202/203/210; the NaN check AMP205/206/212), the skip-rate probe, which needs many
+# steps before its verdict means much, last: a short budget cuts it, not the others.
+RUN_ORDER = ("capability", "alignment", "headroom", "nan", "skiprate")
+# Shares of the budget when it is tight: the first answer favours the checks that run first (headroom:
+# an fp32 step with hooks, two half forwards and an fp16 GradScaler step; nan: three hooked steps).
+# Time a check does not use carries over, so with room the skip-rate probe gets the rest.
+_BUDGET_WEIGHT = {"capability": 0.25, "alignment": 0.25, "headroom": 4, "nan": 4, "skiprate": 2}
 HOOKED_STEP = 1.3  # a step with the nan/headroom hooks on, relative to a plain step (bench/nan_overhead.py)
 Progress = Callable[[float, str], None]
-
-
-def parse_only(only: str | Iterable[str] | None) -> list[str]:
-    """'alignment,nan' (or a list) -> the checks in CHECKS order; None -> all of them."""
-    if only is None:
-        return list(CHECKS)
-    parts = only.split(",") if isinstance(only, str) else list(only)
-    names = [p.strip().lower() for p in parts if p and p.strip()]
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise UserError(f"unknown check(s) {', '.join(unknown)}: choose from {', '.join(CHECKS)}")
-    if not names:
-        raise UserError(f"--only names no check: choose from {', '.join(CHECKS)}")
-    return [c for c in CHECKS if c in names]
 
 
 # ---------------------------------------------------------------- one function per check
@@ -192,18 +189,6 @@ def _error_entry(name: str, exc: BaseException, device: torch.device) -> dict[st
                                          + (f": {text}" if text else "")}
 
 
-def _check_steps(steps: Any) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise UserError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
-
-
-def _check_budget(budget_s: Any) -> None:
-    if budget_s is None:
-        return
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s <= MAX_BUDGET_S:
-        raise UserError(f"--budget must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {budget_s!r}")
-
-
 def run_check(workload: Workload, device: str | torch.device = "auto", only: str | Iterable[str] | None = None,
               steps: int = DEFAULT_STEPS, seed: int = 0, progress: Progress | None = None,
               budget_s: float | None = DEFAULT_BUDGET_S, started_at: float | None = None,
@@ -218,12 +203,12 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     selected = parse_only(only)
     _check_steps(steps)
     _check_budget(budget_s)
-    budget = Budget(budget_s, {c: _WEIGHT[c] for c in selected})
+    budget = Budget(budget_s, {c: _BUDGET_WEIGHT[c] for c in selected})
     if started_at is not None:
         budget.started -= max(0.0, time.time() - started_at)
     token = track_costs(StepCosts(workload.flops_per_step, dev))
     try:
-        with cuda_policy_on_cpu(dev, policy) as policy_run, \
+        with cuda_policy_on_cpu(dev, policy) as policy_run, cpu_threads(dev) as threads, \
                 half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
             result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
@@ -233,6 +218,8 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     if banned:
         result["findings"] = result["findings"] + banned
         result["exit_code"] = exit_code(result)
+    if threads:
+        result["device"]["threads"] = threads
     emulated = describe_emulation(emulation)
     if emulated:
         result["device"]["half_emulation"] = emulated
@@ -269,7 +256,7 @@ def _run_selected(workload: Workload, dev: torch.device, selected: list[str], st
     findings: list[Finding] = []
     total = sum(_WEIGHT[c] for c in selected)
     done = 0
-    for name in selected:
+    for name in [c for c in RUN_ORDER if c in selected]:
         if progress is not None:
             progress(done / total, f"{name} check on {dev}")
         started = time.perf_counter()
@@ -325,8 +312,43 @@ def _budget_report(budget_s: float | None, budget: Budget, result: dict[str, Any
         cut.append("headroom: the fp16 GradScaler step was not measured (AMP203 estimated from fp32 gradients)")
     elapsed = time.perf_counter() - budget.started
     result["timings_s"]["total"] = round(elapsed, 3)
-    return {"budget_s": budget_s, "cut": cut,
-            "exceeded_s": round(elapsed - budget_s, 3) if budget_s is not None and elapsed > budget_s else None}
+    out = {"budget_s": budget_s, "cut": cut,
+           "exceeded_s": round(elapsed - budget_s, 3) if budget_s is not None and elapsed > budget_s else None}
+    if cut and budget_s is not None:
+        out["suggested_s"] = suggested_budget(budget_s, elapsed, _left_s(result))
+        out["more"] = f"run again with --budget {out['suggested_s']:g} to measure the rest"
+    return out
+
+
+def _left_s(result: dict[str, Any]) -> float:
+    """What the work the budget cut is expected to take here (seconds, from this run's steps)."""
+    left = 0.0
+    for name, e in (result.get("errors") or {}).items():
+        if e.get("kind") == "budget" and result.get(name) is None:
+            if name == "skiprate":
+                left += (expected_step_s("fp16") or e.get("expected_s") or 0.0) * result.get("steps", DEFAULT_STEPS)
+            elif name == "nan":
+                left += sum(expected_step_s(p, HOOKED_STEP) or e.get("expected_s") or 0.0 for p in prec.PRECISIONS
+                            if p != "tf32")
+            else:
+                left += e.get("expected_s") or 0.0
+    sr = (result.get("skiprate") or {}).get("summary") or {}
+    if sr.get("stopped_by_budget"):
+        left += (expected_step_s("fp16") or 0.0) * max(0, (sr.get("steps_requested") or 0) - (sr.get("steps") or 0))
+    for p, sec in ((result.get("nan") or {}).get("precisions") or {}).items():
+        if isinstance(sec, dict) and sec.get("not_run") == "budget":
+            left += expected_step_s(p, HOOKED_STEP) or 0.0
+    hd = (result.get("headroom") or {}).get("gradient_summary") or {}
+    if hd.get("default_scaler_not_measured") == "budget":
+        left += expected_step_s("fp16") or 0.0
+    return left
+
+
+def suggested_budget(budget_s: float, elapsed_s: float, left_s: float) -> float:
+    """A budget that should fit what was cut: this run's time plus the cut work's expected time,
+    with a quarter to spare for a busy host, rounded up to 10 s; at least twice this budget."""
+    want = max(2 * budget_s, 1.25 * (elapsed_s + left_s))
+    return float(min(MAX_BUDGET_S, 10 * math.ceil(want / 10)))
 
 
 def check_source(source, allow_exec: bool = False, device: str | torch.device = "auto",
@@ -364,13 +386,11 @@ def check_options(device: str | torch.device = "auto", only: str | Iterable[str]
                   steps: Any = DEFAULT_STEPS, budget_s: Any = DEFAULT_BUDGET_S,
                   autocast_policy: str = "cuda") -> dict[str, Any]:
     """The options of a check run, validated by the rules `run_check` applies (UserError with
-    the reason), as `check_source` keyword arguments: the app asks before it starts a worker."""
-    selected = parse_only(only)
-    _check_steps(steps)
-    _check_budget(budget_s)
-    policy = check_policy(autocast_policy)
-    dev = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
-    return {"device": dev, "only": selected, "steps": steps, "budget_s": budget_s, "autocast_policy": policy}
+    the reason), as `check_source` keyword arguments (the app's server uses `check_options.validated`
+    with its own device probe, so it never imports torch)."""
+    out = validated(device, only, steps, budget_s, autocast_policy)
+    out["device"] = device if isinstance(device, torch.device) else str(prec.resolve_device(device))
+    return out
 
 
 def check_report(source, **kwargs: Any):

@@ -79,8 +79,16 @@ def not_verified_markdown(report: CheckReport | dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def budget_markdown(report: CheckReport | dict) -> str:
-    """The time budget, the time used, and what did not fit."""
+# How to ask for the rest of a cut run, in each surface's own words ({n}: the suggested budget)
+MORE = {"cli": "To measure the rest, run again with `--budget {n}`.",
+        "page": "To measure the rest, set **Time budget (s), shared by the checks** to {n} and press **Run checks** "
+                "again.",
+        "api": "To measure the rest, call /check again with budget_s={n}."}
+
+
+def budget_markdown(report: CheckReport | dict, surface: str = "cli") -> str:
+    """The time budget, the time used, what did not fit, and how to ask for more (`surface`:
+    "cli", "page" or "api", whose words the last sentence uses)."""
     r = as_report(report)
     b = r.budget
     if b is None:
@@ -93,6 +101,8 @@ def budget_markdown(report: CheckReport | dict) -> str:
     if b.cut:
         lines[0] += " Not everything fit, so some results rest on less than asked (raise --budget):"
         lines += [""] + [f"- {esc(c)}" for c in b.cut]
+        if b.suggested_s:
+            lines += ["", MORE.get(surface, MORE["cli"]).format(n=f"{b.suggested_s:g}")]
     if b.exceeded_s:
         lines += ["", f"Note: the run took {b.exceeded_s:.1f} s more than the budget "
                       "(a step that had started is always finished)."]
@@ -114,10 +124,11 @@ def emulation_markdown(report: CheckReport | dict) -> str:
     return "\n\n".join(lines) + "\n" if lines else ""
 
 
-def status_markdown(report: CheckReport | dict) -> str:
+def status_markdown(report: CheckReport | dict, surface: str = "cli") -> str:
     """The page's status box: the headline, what could not be verified, the budget, how half
     precision was computed."""
-    parts = (headline(report), not_verified_markdown(report), budget_markdown(report), emulation_markdown(report))
+    parts = (headline(report), not_verified_markdown(report), budget_markdown(report, surface),
+             emulation_markdown(report))
     return "\n\n".join(x for x in parts if x)
 
 

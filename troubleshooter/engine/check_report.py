@@ -58,15 +58,21 @@ class BudgetInfo:
     budget_s: float | None
     cut: list[str] = field(default_factory=list)
     exceeded_s: float | None = None
+    suggested_s: float | None = None  # with a cut: a budget expected to fit the rest
+    more: str | None = None  # with a cut: how to ask for it (command-line words; the page and API reword)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"budget_s": self.budget_s, "cut": list(self.cut), "exceeded_s": self.exceeded_s}
+        out = {"budget_s": self.budget_s, "cut": list(self.cut), "exceeded_s": self.exceeded_s}
+        if self.suggested_s is not None:
+            out.update(suggested_s=self.suggested_s, more=self.more)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "BudgetInfo | None":
         if d is None:
             return None
-        return cls(d.get("budget_s"), list(d.get("cut") or []), d.get("exceeded_s"))
+        return cls(d.get("budget_s"), list(d.get("cut") or []), d.get("exceeded_s"), d.get("suggested_s"),
+                   d.get("more"))
 
 
 @dataclass

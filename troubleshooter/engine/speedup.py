@@ -30,13 +30,18 @@ from . import precision as prec
 from .device_info import describe_device
 from .speedup_stats import paired_speedups
 from .timing import StepTimer, summarize
+from .budget import StepCosts
 from .training_step import build, is_oom, release, training_step
 from .verdict import make_verdict
 
-DEFAULT_BUDGET_S = 60.0
+DEFAULT_BUDGET_S = 20.0  # a verdict, or an honest "inconclusive", in 20 s; --budget for more
 TARGET_SPREAD = 0.03  # stop sampling once every precision's IQR/median is below this ...
 MIN_SAMPLES = 10  # ... and it has at least this many samples
-MIN_ROUNDS = 3  # taken even when the budget is already spent, so a median exists
+MIN_ROUNDS = 3  # the budget stops the rounds before this only when the next round cannot end in time
+RESERVE_S, RESERVE_SHARE = 2.5, 0.15  # kept back from the rounds: the alignment note, the verdict, the exit
+# Work this cheap (a share of the budget) is done even past the deadline, so every precision gets a
+# number and a median: a tiny model's step; a step of seconds is never started past it.
+CHEAP_SHARE = 0.05
 MAX_SAMPLES = 500  # per precision: enough for a stable median, keeps the JSON small
 WARMUP_STEPS = 3  # discarded; their losses are the accuracy sanity check
 COMPILE_WARMUP_STEPS = 6  # the first compiled steps compile and autotune
@@ -156,6 +161,7 @@ class _Runner:
         self.losses: list[float | None] = []
         self.warmup_seconds: list[float] = []
         self.too_slow = False  # one step used this precision's whole share: timed from warm-up only
+        self.no_rounds = False  # the budget ended before the first round: timed from warm-up only
         self.skipped_steps = 0
         self.peak_memory_bytes: int | None = None
         self.memory_method: str | None = None
@@ -225,11 +231,15 @@ def run_speedup(
     compile: bool = False,
     seed: int = 0,
     progress: ProgressFn | None = None,
+    started_at: float | None = None,
 ) -> dict[str, Any]:
-    """Time a training step in each precision on `device` within `budget_s`; the JSON object."""
+    """Time a training step in each precision on `device` within `budget_s`; the JSON object.
+    `started_at` (a `time.time()`: when the command started, before torch was imported and the
+    model built) counts those fixed costs against the budget too."""
     if not isinstance(budget_s, (int, float)) or not math.isfinite(budget_s) or budget_s <= 0:
         raise UserError(f"--budget must be a positive number of seconds, got {budget_s!r}")
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() - (max(0.0, time.time() - started_at) if started_at is not None else 0.0)
+    deadline = t_start + budget_s - min(RESERVE_S, RESERVE_SHARE * budget_s)
     dev = prec.resolve_device(device)
     if isinstance(precisions, str):
         precisions = prec.parse_precisions(precisions)
@@ -246,23 +256,35 @@ def run_speedup(
 
     # ---- build and warm up each precision on its own (its peak memory is measured here)
     runners: dict[str, _Runner] = {}
+    skipped: dict[str, str] = {}
+    costs = StepCosts(workload.flops_per_step, dev)
     warmup_steps = COMPILE_WARMUP_STEPS if compile else WARMUP_STEPS
     for i, p in enumerate(available):
         _emit(progress, 0.3 * i / max(1, len(available)), f"warming up {p}" + (" (compiling)" if compile else ""))
+        why = _no_room_for(p, costs, deadline, budget_s) if runners else None  # the first one always runs
+        if why:
+            skipped[p] = why
+            continue
         try:
             runners[p], _ = _prepare(workload, p, dev, seed, compile, batches, warmup_steps,
-                                     budget_s * WARMUP_SHARE / max(1, len(available)))
+                                     budget_s * WARMUP_SHARE / max(1, len(available)), deadline,
+                                     CHEAP_SHARE * budget_s)
         except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
             errors[p] = _error_text(exc, compile)
         if p in errors:
             release(dev)  # outside the except block: its traceback no longer pins the failed model
+        elif p in runners and runners[p].warmup_seconds:
+            costs.record(p, runners[p].warmup_seconds[-1])
 
     warmup_s = time.perf_counter() - t_start
 
     # ---- interleaved timing rounds (a precision whose one step used its share sits them out)
     timed = {p: r for p, r in runners.items() if not r.too_slow}
     samples, stop_reason, rounds, orders = _timed_rounds(timed, batches, dev, t_start, budget_s, errors, progress,
-                                                         seed=seed)
+                                                         seed=seed, deadline=deadline)
+    if timed and not rounds:  # the budget ended before one round could: each is timed from its warm-up
+        for r in timed.values():
+            r.too_slow, r.no_rounds = True, True
     for p in [p for p in runners if p in errors]:
         del runners[p]
     for p, r in runners.items():
@@ -300,7 +322,9 @@ def run_speedup(
         failed=tuple(errors),
         spreads={p: r["spread"] for p, r in results.items() if r.get("timed_from") != "warm-up"},
         paired=paired, native={p: r["native"] for p, r in results.items()},
+        warmup_only={p: r["samples"] for p, r in results.items() if r.get("timed_from") == "warm-up"},
     )
+    verdict.reasons += [f"{p} was not timed: {why}" for p, why in skipped.items()]
     for p in list(runners):
         del runners[p]
     release(dev)
@@ -314,12 +338,13 @@ def run_speedup(
             "warmup_steps": warmup_steps, "target_spread": TARGET_SPREAD, "min_samples": MIN_SAMPLES,
             "rounds": rounds, "stopped_because": stop_reason, "warmup_s": round(warmup_s, 3),
             "round_order": "shuffled per round (seeded)", "first_round_orders": orders[:5],
-            "elapsed_s": round(elapsed, 3),
+            "elapsed_s": round(elapsed, 3), "started_at_counted": started_at is not None,
             "budget_exceeded_s": round(elapsed - budget_s, 3) if elapsed > budget_s * 1.05 else None,
             "timer": "cuda events" if dev.type == "cuda" else "perf_counter after synchronize",
         },
         "results": results,
         "unavailable": unavailable,
+        "skipped": skipped,
         "errors": errors,
         "verdict": verdict.to_dict(),
         "findings": [f.to_dict() for f in verdict.findings],
@@ -332,6 +357,7 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
     from ..spec import run_with_workload
 
     budget = kwargs.get("budget_s", DEFAULT_BUDGET_S)
+    kwargs.setdefault("started_at", time.time())  # building the model is inside the budget
     if getattr(source, "kind", None) == "python":
         kwargs.pop("progress", None)
     # compiling and building models come on top of the budget; beyond this the child is stuck
@@ -339,12 +365,12 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
     return run_with_workload(source, run_speedup, allow_exec=allow_exec, timeout_s=timeout, **kwargs)
 
 
-def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
+def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s, deadline=None, cheap_s=0.0):
     """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
 
     The warm-up is cut short once it has eaten this precision's share of the budget (after one
-    step for a very slow eager model, two with --compile); the losses are then compared at the
-    step count all precisions reached.
+    step for a very slow eager model, two with --compile), or once the next step (dearer than
+    `cheap_s`) would end past `deadline`; the losses are then compared at the step count all precisions reached.
     """
     cuda = dev.type == "cuda"
     if cuda:
@@ -359,17 +385,24 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
         # the first step on a CPU is traced for memory: it allocates grads and optimizer state in view
         seconds = _cpu_memory_step(runner, batch) if (n == 0 and dev.type == "cpu") else runner.warm_up_step(batch)
         n += 1
+        # the next step would end past the budget (and is not cheap): what ran is the warm-up
+        no_room = (deadline is not None and n >= (2 if compile else 1) and seconds > cheap_s
+                   and time.perf_counter() + seconds > deadline)
         if n == 1:
             # one-time costs (compiling, library init) make the first step unrepresentative; only a
             # step so slow that it alone used twice the share stops an eager warm-up here
             if not compile and seconds > 2 * share_s:
                 runner.too_slow = True
                 break
+            if no_room:
+                break
             continue
         spent += seconds
         if spent > share_s:
             # a second step that alone used the share: this precision cannot do rounds in budget
             runner.too_slow = n == 2 and not compile and seconds > share_s
+            break
+        if no_room:
             break
     if cuda:
         prec.synchronize(dev)
@@ -379,6 +412,18 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s):
     elif dev.type != "cpu":
         runner.memory_method = f"not measured on {dev.type}"
     return runner, n
+
+
+def _no_room_for(p: str, costs: StepCosts, deadline: float, budget_s: float) -> str | None:
+    """Why precision `p` is not started (None: it is): its first step, predicted from the steps
+    measured so far and a GEMM probe in its dtype, would end past the deadline (fp16 in PyTorch's
+    CPU kernels without fp16 instructions: seconds a step, where fp32 takes a fraction)."""
+    need = costs.expected(p)
+    left = deadline - time.perf_counter()
+    if need is None or need <= left or need <= CHEAP_SHARE * budget_s:
+        return None
+    return (f"one {p} step is expected to take about {need:.1f} s here, more than the {max(0.0, left):.1f} s "
+            "left in the budget (raise --budget, or leave it out of --precisions)")
 
 
 def _cpu_memory_step(runner: _Runner, batch) -> float:
@@ -401,13 +446,17 @@ def _cpu_memory_step(runner: _Runner, batch) -> float:
     return took[0]
 
 
-def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, seed: int = 0):
+def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, seed: int = 0, deadline=None):
     """Rounds of one step per precision, each round in a new seeded random order (B A C, C B A,
-    ...), until every spread is small, MAX_SAMPLES, or the budget (after MIN_ROUNDS)."""
+    ...), until every spread is small, MAX_SAMPLES, or the budget: no round starts that is
+    expected (from the last round, or the warm-up's last steps) to end past `deadline`."""
     samples: dict[str, list[float]] = {p: [] for p in runners}
     timers = {p: StepTimer(dev) for p in runners}
-    deadline = t_start + budget_s
+    deadline = t_start + budget_s if deadline is None else deadline
     rounds, stop_reason = 0, "no precision could be measured" if not runners else None
+    first_round_s = sum((getattr(r, "warmup_seconds", None) or [0.0])[-1] for r in runners.values())
+    if runners and time.perf_counter() + first_round_s > deadline and first_round_s > CHEAP_SHARE * budget_s:
+        return samples, "budget", 0, []
     last_emit = 0.0
     rng = random.Random(seed)
     orders: list[list[str]] = []
@@ -444,7 +493,8 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, se
         if rounds >= MIN_SAMPLES and worst < TARGET_SPREAD:
             stop_reason = "spread"
             break
-        if rounds >= MIN_ROUNDS and now + (now - round_start) > deadline:
+        round_s = now - round_start
+        if now + round_s > deadline and (rounds >= MIN_ROUNDS or round_s > CHEAP_SHARE * budget_s):
             stop_reason = "budget"
             break
     return samples, stop_reason, rounds, orders
@@ -499,7 +549,10 @@ def _results(runners, samples, workload: Workload, info, flops, paired=None) -> 
                 r["loss_rel_diff_vs_fp32"] = abs(b - a) / abs(a)
         if p == "fp16":
             r["skipped_steps"] = runner.skipped_steps
-        if runner.too_slow:
+        if runner.no_rounds:
+            r["note"] = ("the budget ended before the interleaved rounds: timed from its warm-up"
+                         + (" (first-step costs included)" if len(s) == 1 else ""))
+        elif runner.too_slow:
             r["note"] = (f"one step took {s[-1] / 1000:.1f} s, more than this precision's share of the "
                          "budget: timed from its warm-up" + (" (first-step costs included)" if len(s) == 1 else ""))
         if flops:
@@ -556,7 +609,7 @@ def format_text(result: dict[str, Any]) -> str:
                  f"timer: {st['timer']}")
     if st.get("budget_exceeded_s"):
         lines.append(f"note: the budget was exceeded by {st['budget_exceeded_s']:.1f} s "
-                     f"(warm-up plus {MIN_ROUNDS} rounds is the minimum for a median)")
+                     "(a step that had started is always finished)")
     results = result["results"]
     unit = next((r["throughput_unit"] for r in results.values()), "samples/s")
     has_tflops = any(r.get("achieved_tflops") is not None for r in results.values())
@@ -588,6 +641,8 @@ def format_text(result: dict[str, Any]) -> str:
             lines.append(f"{p}: {r['note']}")
     for p, why in result.get("unavailable", {}).items():
         lines.append(f"{p}: unavailable: {why}")
+    for p, why in (result.get("skipped") or {}).items():
+        lines.append(f"{p}: not timed: {why}")
     for p, why in result.get("errors", {}).items():
         lines.append(f"{p}: error: {why}")
     mem = next((r["peak_memory_method"] for r in results.values() if r.get("peak_memory_method")), None)

@@ -111,6 +111,7 @@ def make_verdict(
     spreads: Mapping[str, float | None] | None = None,
     paired: Mapping[str, Mapping[str, Any]] | None = None,
     native: Mapping[str, bool] | None = None,
+    warmup_only: Mapping[str, int] | None = None,
 ) -> Verdict:
     """Decide from median step times per precision (ms) and what is known about the run.
 
@@ -121,7 +122,9 @@ def make_verdict(
     `PairedSpeedup.to_dict()` of its per-round ratios against fp32 (median, ci, spread): with it
     the speedup is the paired median and the verdict is "inconclusive" when its interval straddles
     a threshold or the timings are too noisy; `native` maps precision -> the device has a fast
-    path for it (a gain on a precision without one needs clean timings to be believed).
+    path for it (a gain on a precision without one needs clean timings to be believed);
+    `warmup_only` maps precision -> warm-up steps it was timed from, when the budget left it no
+    interleaved rounds (fp32 or the best precision timed so gives no verdict: too few samples).
     """
     medians = {p: float(v) for p, v in medians_ms.items() if v is not None and v > 0}
     others = {p: v for p, v in medians.items() if p != "fp32"}
@@ -148,6 +151,7 @@ def make_verdict(
     level = level_for(speedup)
     ci = tuple(paired[best]["ci"]) if paired and paired[best].get("ci") else None
     doubts = _doubts(best, speedup, level, ci, paired.get(best), spreads or {}, native or {}, bool(paired))
+    doubts = _warmup_doubts(best, warmup_only or {}) + doubts
     if doubts:
         return _inconclusive(best, speedup, ci, doubts, notes)
     reasons: list[str] = []
@@ -199,6 +203,17 @@ def _doubts(best: str, speedup: float, level: str, ci: tuple | None, pair: Mappi
                        "needs clean timings to be believed"
                        + (f", and these are noisy ({worst} spread {shaky[worst]:.0%})" if worst else ""))
     return out
+
+
+def _warmup_doubts(best: str, warmup_only: Mapping[str, int]) -> list[str]:
+    """fp32 or the best precision timed only from warm-up steps: one or two samples, each taken
+    alone (not in a round beside the other), cannot carry a ratio on a shared host."""
+    timed = [p for p in ("fp32", best) if p in warmup_only]
+    if not timed:
+        return []
+    what = " and ".join(f"{p} from {warmup_only[p]} warm-up step{'s' if warmup_only[p] != 1 else ''}" for p in timed)
+    return [f"too few rounds: {what} only, not in interleaved rounds (the budget left no room for them), so the "
+            "ratio rests on single steps timed apart; rerun with a larger --budget"]
 
 
 def _inconclusive(best: str, speedup: float, ci: tuple | None, doubts: list[str], notes: list[str]) -> Verdict:

@@ -16,7 +16,6 @@ attaches them to the report: JSON `fix`, SARIF `fixes`, the language server's qu
 from __future__ import annotations
 
 import ast
-import difflib
 from dataclasses import dataclass, field
 
 from ..findings import Finding
@@ -211,6 +210,8 @@ def apply_fixes(text: str, report, path: str, cell: int | None = None, label: st
 
 def unified_diff(before: str, after: str, path: str, label: str = "") -> str:
     name = path.lstrip("/") + label
+    import difflib  # only --diff and the app's diff view need it
+
     return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                         fromfile=f"a/{name}", tofile=f"b/{name}"))
 

@@ -13,9 +13,6 @@ import json
 from ..findings import Finding
 from .docs import rule_url
 from .engine import LintReport
-from .gitlab import format_gitlab
-from .junit import format_junit
-from .sarif import format_sarif
 
 FIXABLE_MARK = "[*]"
 
@@ -140,6 +137,24 @@ def format_statistics(report: LintReport, as_json: bool = False) -> str:
     if not rows:
         out.append("No mixed-precision problems found.")
     return "\n".join(out) + "\n"
+
+
+def format_sarif(report: LintReport) -> str:
+    from .sarif import format_sarif as fmt  # the CI formats load on use: `lint FILE` need not import xml
+
+    return fmt(report)
+
+
+def format_gitlab(report: LintReport) -> str:
+    from .gitlab import format_gitlab as fmt
+
+    return fmt(report)
+
+
+def format_junit(report: LintReport) -> str:
+    from .junit import format_junit as fmt
+
+    return fmt(report)
 
 
 FORMATS = {"text": format_text, "full": format_text, "concise": format_concise, "github": format_github,

@@ -2,6 +2,9 @@
 cache (lint/cache.py) when one is given. `lint_paths` is this without a cache."""
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 from .engine import LintReport, lint_unit
 from .source import LintError, SourceUnit, iter_inputs, notebook_unit
 
@@ -22,6 +25,26 @@ def named_stdin(item: SourceUnit | LintError, name: str) -> SourceUnit | LintErr
 def lint_inputs(paths: list[str], rules, stdin_filename: str | None = None, cache=None) -> LintReport:
     """Every input linted with `rules`; unreadable ones become errors, the others still reported."""
     report = LintReport()
+    with _no_cyclic_gc():
+        _lint_all(report, paths, rules, stdin_filename, cache)
+    return report
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """Linting allocates millions of short-lived AST nodes with no reference cycles among them (each
+    file's model is freed by reference counting when the next file starts), so the cycle collector's
+    repeated passes over them find nothing: ~1/3 of the time of a bare `ast.parse` on a real tree."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _lint_all(report: LintReport, paths: list[str], rules, stdin_filename, cache) -> None:
     for path, item in iter_inputs(list(paths)):
         if path == "-" and stdin_filename:
             item = named_stdin(item, stdin_filename)
@@ -30,7 +53,6 @@ def lint_inputs(paths: list[str], rules, stdin_filename: str | None = None, cach
             report.files += 1
         else:
             report.extend(_lint_one(item, rules, cache if path != "-" else None, read_configs=path != "-"))
-    return report
 
 
 def _lint_one(unit: SourceUnit, rules, cache, read_configs: bool = False) -> LintReport:

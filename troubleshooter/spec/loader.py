@@ -400,7 +400,10 @@ def _load(source: SpecSource, allow_exec: bool, limits: estimate.Limits) -> Work
 
 def _python_job(source: SpecSource, func: Callable, args: tuple, kwargs: dict) -> Any:
     """Runs in the child: import the user's file, then the job on its workload."""
+    from ..heap import freeze_imports
+
     workload = load_workload(source, allow_exec=True)
+    freeze_imports()  # the child runs this one job: the user's imports (transformers, ...) stay alive
     return func(workload, *args, **kwargs)
 
 

@@ -59,6 +59,10 @@ def main(config_path: str) -> None:
         install_rank(rec, cfg["distributed"], writer)
     exit_info: dict = {"status": "finished", "exception": None, "code": 0}
     import runpy
+
+    from ..heap import freeze_imports
+
+    freeze_imports()  # torch and the tracer stay for the whole run: the script's collections skip them
     try:
         runpy.run_path(script, run_name="__main__")
     except TraceStop:
@@ -106,7 +110,7 @@ class _Writer:
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
                 "exit": exit_info, "final": exit_info is not None, "framework": _framework_result(),
-                "autocast_policy": self._policy(), "step_unit": rec.step_unit}
+                "autocast_policy": self._policy(), "step_unit": rec.step_unit, "overhead": rec.overhead()}
 
     policy: tuple = ("host", None)
 
@@ -125,14 +129,19 @@ class _Writer:
             json.dump(jsonable(payload), fh)
         os.replace(tmp, self.path)
 
+    every = 1.0  # seconds between snapshots; longer once a write takes long (see snapshot)
+
     def snapshot(self) -> None:
         now = time.monotonic()
-        if now - self.last >= 1.0:
-            self.last = now
+        if now - self.last >= self.every:
             try:
                 self._write(None)
             except Exception:  # noqa: BLE001 - a snapshot is best effort
                 pass
+            # the timeline grows with the steps and each snapshot writes all of it: keep the
+            # writes under 2% of the run (a long trace of short steps would pay more and more)
+            self.last = time.monotonic()
+            self.every = max(1.0, 50 * (self.last - now))
 
     def final(self, exit_info: dict) -> None:
         self._write(exit_info)

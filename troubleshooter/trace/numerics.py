@@ -19,6 +19,7 @@ import math
 import sys
 from contextlib import contextmanager
 from functools import partial
+from time import perf_counter
 
 import torch
 from torch import nn
@@ -74,6 +75,36 @@ def _call_kwargs(module: nn.Module) -> dict | None:
     return None
 
 
+class _TimedHookSet(HookSet):
+    """The engine's NaN-hunt hooks, each hook call's time added to the recorder's own time (the
+    report's "tracing added about X ms per step")."""
+
+    def __init__(self, model: nn.Module, meter: Recorder):
+        super().__init__(model)
+        self._meter = meter
+
+
+def _timed(method):
+    def timed(self, *args):
+        started = perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self._meter.own_s += perf_counter() - started
+    timed.__name__ = timed.__qualname__ = method.__name__
+    return timed
+
+
+for _name in ("_pre", "_leaf_post", "_post", "_node_grad", "_param_grad"):  # the hooks registered
+    setattr(_TimedHookSet, _name, _timed(getattr(HookSet, _name)))
+
+
+def _keep_grad(kept: dict, index: int, output_nr: int, grad_outputs: tuple) -> None:
+    """A node pre-hook: keep the gradient of the node's output `output_nr` as kept[index]."""
+    if output_nr < len(grad_outputs) and grad_outputs[output_nr] is not None:  # as a tensor hook: only a real gradient
+        kept[index] = grad_outputs[output_nr]
+
+
 def _precision(autocast: str | None, dtype: str | None) -> str:
     d = autocast or dtype or "float32"
     return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(d, d)
@@ -96,7 +127,11 @@ class Numerics:
         self.checked_steps = 0
         self.params_nonfinite: list[str] = []
         self.headroom_steps: list[dict] = []
-        self._watch: list = []  # plain mode: hooks on the root model keeping its last inputs
+        # the root model's one pre-hook (runs first) and one post-hook (runs last): what they do
+        self._root_hooks: list = []
+        self._root_model: nn.Module | None = None
+        self._keeping_inputs = False  # the root call's inputs (plain mode; --nan: the float32 reference)
+        self._keeping_grads = False  # plain mode: its output's gradient, for a backward re-run
         self._last_in: tuple | None = None
         self._out_grads: dict[int, torch.Tensor] = {}
         self.reruns = 0
@@ -104,11 +139,12 @@ class Numerics:
         self.rerun_error: str | None = None
         self.last_rerun_step: int | None = None
         self.outside = OutsideOps()  # the loss computed from the model's output, outside it
-        self._outside_watch: list = []
         self.outside_event: dict | None = None
         self.collapse_checked = False
         self.collapse_event: dict | None = None  # --nan: a half-precision forward collapse
+        self.outside.meter = rec
         rec.before_backward = self._end_outside
+        rec.before_scale = self.outside.disarm
         rec.before_update = self._check_outside
         self._discover = nn.modules.module.register_module_forward_pre_hook(self._first_forward)
         if not nan:
@@ -134,22 +170,43 @@ class Numerics:
             self._keep_inputs(module, args, kwargs)
         return None
 
-    # -- both modes: the ops between the model's output and backward() --------------------------
-    def _watch_outside(self, model: nn.Module) -> None:
-        """Record the ops run on this model's output until backward(), its next call or the step."""
-        if self._outside_watch and self._outside_watch[0][1] is model:
-            return
-        for handle, _ in self._outside_watch:
+    # -- both modes: the root call's hooks -------------------------------------------------------
+    def _watch_root(self, model: nn.Module) -> None:
+        """One pre-hook and one post-hook on the model's outermost call, whatever they have to do:
+        each hook on a module costs a Python call per forward. The pre-hook goes first so the loss
+        watch stops before anything else runs in the call; the post-hook is (re-)registered last,
+        after any HookSet's, so the watch starts only once every hook of ours is done (our own
+        bookkeeping would otherwise pass through the loss watch's mode, op by op)."""
+        self._unwatch_root()
+        self._root_model = model
+        self._root_hooks = [ours(model.register_forward_pre_hook(self._root_pre, with_kwargs=True, prepend=True)),
+                            ours(model.register_forward_hook(self._root_post))]
+
+    def _unwatch_root(self) -> None:
+        for handle in self._root_hooks:
             remove(handle)
-        self._outside_watch = [(ours(model.register_forward_pre_hook(self._pause_outside)), model),
-                               (ours(model.register_forward_hook(self._start_outside)), model)]
+        self._root_hooks = []
+        self._root_model = None
 
-    def _pause_outside(self, module, args) -> None:
+    def _root_pre(self, module, args, kwargs):
+        started = perf_counter()
         self.outside.disarm()
+        if self._keeping_inputs:
+            self._keep_inputs(module, args, kwargs)
+        if not self.rec.muted:  # a re-run's time is counted by the call that made it
+            self.rec.own_s += perf_counter() - started
+        return None
 
-    def _start_outside(self, module, args, output) -> None:
-        if not self.rec.muted and self.outside_event is None and torch.is_grad_enabled():
-            self.outside.arm(_autocast_now())
+    def _root_post(self, module, args, output) -> None:
+        started = perf_counter()
+        if self._keeping_grads:
+            self._keep_output_grads(module, args, output)
+        # the ops run on this model's output until backward(), its next call or the step
+        if not self.rec.muted:
+            if self.outside_event is None and torch.is_grad_enabled():
+                self.outside.arm(_autocast_now())
+            self.rec.own_s += perf_counter() - started
+        return None
 
     def _end_outside(self, rec: Recorder) -> None:
         self.outside.disarm()
@@ -199,19 +256,19 @@ class Numerics:
     def _start_watch(self, model: nn.Module) -> None:
         self._stop_watch()
         self.model = model
-        self._watch_outside(model)
-        self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)),
-                       ours(model.register_forward_hook(self._keep_output_grads))]
+        self._keeping_inputs = self._keeping_grads = True
+        if self._root_model is not model:
+            self._watch_root(model)
 
     def _stop_watch(self) -> None:
-        for handle in self._watch:
-            remove(handle)
-        self._watch = []
+        self._keeping_inputs = self._keeping_grads = False
         self._last_in = None
         self._out_grads = {}
 
     def _keep_inputs(self, module, args, kwargs):
-        device = next((t.device.type for t in _tensors(args)), "cpu")
+        first = args[0] if args else None
+        device = first.device.type if type(first) is torch.Tensor else next(
+            (t.device.type for t in _tensors(args)), "cpu")
         try:
             ac = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         except (RuntimeError, TypeError):
@@ -227,7 +284,11 @@ class Numerics:
         if sum(t.numel() for t in outs) > MAX_KEPT_OUTPUT_ELEMENTS:
             return None  # e.g. a large vocabulary's logits: the re-run then localises the forward only
         for i, t in enumerate(outs):
-            t.register_hook(partial(self._out_grads.__setitem__, i))
+            node = t.grad_fn
+            if node is not None:  # a pre-hook on the node that made t: a fraction of t.register_hook's cost
+                node.register_prehook(partial(_keep_grad, self._out_grads, i, t.output_nr))
+            else:
+                t.register_hook(partial(self._out_grads.__setitem__, i))
         return None
 
     def before_step(self, rec: Recorder, optimizer) -> None:
@@ -333,10 +394,10 @@ class Numerics:
 
     def _attach(self, model: nn.Module) -> None:
         self.model = model
-        self._watch_outside(model)
-        self.hooks = HookSet(model).attach()
-        if self.nan and not self._watch:  # --nan: the root call's inputs, for the float32 reference
-            self._watch = [ours(model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True))]
+        self.hooks = _TimedHookSet(model, self.rec).attach()
+        if self.nan:  # --nan: the root call's inputs, for the float32 reference
+            self._keeping_inputs = True
+        self._watch_root(model)  # after the HookSet's hooks: see _watch_root
 
     def _detach(self) -> None:
         if self.hooks is not None:
@@ -430,7 +491,7 @@ class Numerics:
             reference = None
         finally:
             self.rec.muted = False
-            self.hooks = HookSet(model).attach()
+            self._attach(model)
         if reference is not None:
             event["reference"] = reference
 
@@ -449,7 +510,7 @@ class Numerics:
         finally:
             self.rec.muted = False
             if hooks is not None:
-                self.hooks = HookSet(self.model).attach()
+                self._attach(self.model)
 
     def _collapse_of(self, last_in: tuple, step: int) -> None:
         """Run the collapse check (trace/collapse.py) on the model and these inputs; keep what it finds."""
@@ -524,9 +585,7 @@ class Numerics:
     def close(self) -> None:
         """Remove every hook this object added."""
         self.outside.disarm()
-        for handle, _ in self._outside_watch:
-            remove(handle)
-        self._outside_watch = []
+        self._unwatch_root()
         self._remove_discovery()
         self._stop_watch()
         self._detach()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
+from time import perf_counter
+from types import SimpleNamespace
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -89,6 +91,7 @@ class OutsideOps(TorchFunctionMode):
         self.kept_elements = 0
         self.scanned_steps = 0
         self.autocast: str | None = None  # the autocast dtype when the window opened
+        self.meter = SimpleNamespace(own_s=0.0)  # its time is added to `meter.own_s` (numerics: the Recorder)
 
     # -- arming --------------------------------------------------------------------------
     def disarm(self) -> None:
@@ -113,44 +116,72 @@ class OutsideOps(TorchFunctionMode):
 
     # -- recording: references and version counters only, no kernel, no sync --------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not self.armed or getattr(func, "__name__", "") == "__get__":
+        if kwargs is None:
+            kwargs = {}
+        if not self.armed:
             return func(*args, **kwargs)
-        if _skipped_caller(sys._getframe(1).f_code.co_filename) or len(self.records) >= MAX_OPS:
-            if len(self.records) >= MAX_OPS:
+        # this runs for every op (and tensor attribute read) while armed: inlined, no generators
+        started = perf_counter()
+        name = getattr(func, "__name__", "")
+        caller = sys._getframe(1)
+        filename = caller.f_code.co_filename
+        skipped = _skip_cache.get(filename)
+        if skipped is None:
+            skipped = _skipped_caller(filename)
+        if skipped or name == "__get__" or len(self.records) >= MAX_OPS:
+            if not skipped and name != "__get__":
                 self.dropped += 1
+            self.meter.own_s += perf_counter() - started
             return func(*args, **kwargs)
         try:
-            name = getattr(func, "__name__", "")
-            inputs = _floating(args) + (_floating(list(kwargs.values())) if kwargs else [])
-            inplace = (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
+            inputs = _floating(args)
+            if kwargs:
+                inputs += _floating(list(kwargs.values()))
+            inplace = (name[-1:] == "_" and name[:2] != "__") or name in _INPLACE_DUNDERS
             # an in-place op overwrites its input: judge that one now (rare in loss code)
             in_flag = _all_finite(inputs) if inplace and inputs else None
         except Exception:  # noqa: BLE001 - an odd tensor (nested, subclass): watch nothing, change nothing
+            self.meter.own_s += perf_counter() - started
             return func(*args, **kwargs)
+        own = perf_counter() - started
         out = func(*args, **kwargs)
+        started = perf_counter()
         try:
-            self._record(func, args, kwargs, inputs, in_flag, inplace, out)
+            self._record(func, args, kwargs, inputs, in_flag, inplace, out, caller)
         except Exception:  # noqa: BLE001 - the script's result stands whatever our bookkeeping meets
             self.dropped += 1
+        self.meter.own_s += own + perf_counter() - started
         return out
 
-    def _record(self, func, args, kwargs, inputs, in_flag, inplace, out) -> None:
+    def _record(self, func, args, kwargs, inputs, in_flag, inplace, out, caller) -> None:
         """Only what must be taken now (references, version counters, the user's line); names and
         dtypes are worked out if the step is ever scanned."""
-        outputs = [out] if type(out) is torch.Tensor else list(_floating(out))
-        if not outputs or not outputs[0].is_floating_point():
-            return
-        size = sum(t.numel() for t in outputs) + (0 if inplace else sum(t.numel() for t in inputs))
+        if type(out) is torch.Tensor:
+            if not out.is_floating_point() or out.layout != torch.strided or out.is_meta or not out.numel():
+                return
+            outputs = [out]
+        else:
+            outputs = _floating(out)
+            if not outputs:
+                return
+        size = 0
+        for t in outputs:
+            size += t.numel()
+        if not inplace:
+            for t in inputs:
+                size += t.numel()
         if self.kept_elements + size > MAX_KEPT_ELEMENTS:
             self.dropped += 1
             return
         self.kept_elements += size
+        code = caller.f_code
+        where = ((code.co_filename, caller.f_lineno, getattr(code, "co_qualname", code.co_name))
+                 if is_user_file(code.co_filename) else _user_frame_from(caller.f_back))
         self.records.append({
             "func": func, "args": args, "kwargs": kwargs,
             "inputs": [] if inplace else [(t, t._version) for t in inputs],
             "outputs": [(t, t._version) for t in outputs], "in_finite": in_flag,
-            "where": _user_frame(3), "inplace": inplace, "autocast": self.autocast})
+            "where": where, "inplace": inplace, "autocast": self.autocast})
 
     @staticmethod
     def _intended(r: dict) -> bool:
@@ -246,7 +277,13 @@ def _local_grad_finite(r: dict) -> bool | None:
 
 
 def _user_frame(depth: int) -> tuple[str | None, int | None, str | None]:
-    frame = sys._getframe(depth)
+    """The innermost user frame from `depth` frames above this call outwards."""
+    return _user_frame_from(sys._getframe(depth))
+
+
+def _user_frame_from(frame) -> tuple[str | None, int | None, str | None]:
+    """The innermost user frame from `frame` outwards (an op called from torch's own Python, e.g.
+    `F.cross_entropy` through `handle_torch_function`, is the user's line that called it)."""
     while frame is not None:
         code = frame.f_code
         if is_user_file(code.co_filename):  # co_qualname: "FocalLoss.forward", not "forward"

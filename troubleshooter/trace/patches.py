@@ -1,5 +1,7 @@
 """Install the observers: global optimizer and module hooks (public PyTorch APIs) and thin
 wrappers around GradScaler, autocast, gradient clipping, LR schedulers, backward and torch.save.
+Each per-step wrapper adds the time its own bookkeeping took to `rec.own_s` (two clock reads):
+the report's "tracing added about X ms per step".
 
 Wrappers patch the base classes in place (`torch.amp.GradScaler`, `torch.amp.autocast`), so every
 alias a script may use (`torch.cuda.amp.GradScaler`, `torch.autocast`, `from torch.cuda.amp import
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from time import perf_counter
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -52,10 +55,17 @@ class Installed:
 def install(rec: Recorder) -> Installed:
     """Install every observer (hooks and wrappers) reporting to `rec`."""
     start = len(_undo)
-    handles = [
-        register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_optimizer_pre(opt)),
-        register_optimizer_step_post_hook(lambda opt, a, k: rec.on_optimizer_post(opt)),
-    ]
+    def optimizer_pre(opt, args, kwargs):
+        started = perf_counter()
+        rec.on_optimizer_pre(opt)
+        rec.own_s += perf_counter() - started
+
+    def optimizer_post(opt, args, kwargs):
+        started = perf_counter()
+        rec.on_optimizer_post(opt)
+        rec.own_s += perf_counter() - started
+
+    handles = [register_optimizer_step_pre_hook(optimizer_pre), register_optimizer_step_post_hook(optimizer_post)]
     _patch_optimizer_init(rec)
     _patch_scaler(rec, torch.amp.grad_scaler.GradScaler)
     _patch_autocast(rec)
@@ -108,32 +118,48 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
 
     def make_scale(orig):
         def scale(self, outputs):
+            started = perf_counter()
+            if rec.before_scale is not None:
+                rec.before_scale()  # the loss is made: its ops are recorded up to here
+            rec.own_s += perf_counter() - started
             out = orig(self, outputs)
+            started = perf_counter()
             rec.on_scale(self, outputs, out)
+            rec.own_s += perf_counter() - started
             return out
         return scale
 
     def make_unscale(orig):
         def unscale_(self, optimizer):
+            started = perf_counter()
             rec.on_unscale(self, optimizer)
+            rec.own_s += perf_counter() - started
             return orig(self, optimizer)
         return unscale_
 
     def make_step(orig):
         def step(self, optimizer, *args, **kwargs):
+            started = perf_counter()
             frame = rec.on_scaler_step_enter(self, optimizer)
+            rec.own_s += perf_counter() - started
             try:
                 return orig(self, optimizer, *args, **kwargs)
             finally:
+                started = perf_counter()
                 rec.on_scaler_step_exit(frame)
+                rec.own_s += perf_counter() - started
         return step
 
     def make_update(orig):
         def update(self, new_scale=None):
-            before = _get_scale(self)
+            started = perf_counter()
+            before = rec.scale_of(self)
             rec.on_scaler_update_pre(self)
+            rec.own_s += perf_counter() - started
             out = orig(self, new_scale)
-            rec.on_scaler_update(self, before, _get_scale(self))
+            started = perf_counter()
+            rec.on_scaler_update(self, before, rec.scale_of(self))
+            rec.own_s += perf_counter() - started
             return out
         return update
 
@@ -149,26 +175,23 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             _wrap(cls, name, make)
 
 
-def _get_scale(scaler) -> float | None:
-    try:
-        return float(scaler.get_scale()) if scaler.is_enabled() else None
-    except Exception:  # noqa: BLE001 - before the first scale() the scale may not exist yet
-        return None
-
-
 def _patch_autocast(rec: Recorder) -> None:
     cls = torch.amp.autocast_mode.autocast
 
     def make_enter(orig):
         def __enter__(self):
             out = orig(self)
+            started = perf_counter()
             rec.on_autocast_enter(self)
+            rec.own_s += perf_counter() - started
             return out
         return __enter__
 
     def make_exit(orig):
         def __exit__(self, *exc):
+            started = perf_counter()
             rec.on_autocast_exit()
+            rec.own_s += perf_counter() - started
             return orig(self, *exc)
         return __exit__
 
@@ -179,13 +202,17 @@ def _patch_autocast(rec: Recorder) -> None:
 def _patch_backward(rec: Recorder) -> None:
     def make_tensor_backward(orig):
         def backward(self, *args, **kwargs):
+            started = perf_counter()
             rec.on_backward(self)
+            rec.own_s += perf_counter() - started
             rec.in_tensor_backward = True  # Tensor.backward calls torch.autograd.backward: count once
             try:
                 out = orig(self, *args, **kwargs)
             finally:
                 rec.in_tensor_backward = False
+            started = perf_counter()
             rec.after_backward()
+            rec.own_s += perf_counter() - started
             return out
         return backward
 
@@ -196,10 +223,14 @@ def _patch_backward(rec: Recorder) -> None:
     def autograd_backward(tensors, *args, **kwargs):
         if rec.in_tensor_backward:
             return original(tensors, *args, **kwargs)
+        started = perf_counter()
         first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
         rec.on_backward(first)
+        rec.own_s += perf_counter() - started
         out = original(tensors, *args, **kwargs)
+        started = perf_counter()
         rec.after_backward()
+        rec.own_s += perf_counter() - started
         return out
 
     _set(torch.autograd, "backward", autograd_backward)
@@ -216,8 +247,10 @@ def _patch_clip(rec: Recorder) -> None:
 
         def make(orig, name=name):
             def clip(parameters, *args, **kwargs):
+                started = perf_counter()
                 params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
                 rec.on_clip(name, params)
+                rec.own_s += perf_counter() - started
                 return orig(params, *args, **kwargs)
             return functools.wraps(orig)(clip)
 
@@ -232,7 +265,9 @@ def _patch_schedulers(rec: Recorder) -> None:
 
     def make_step(orig):
         def step(self, *args, **kwargs):
+            started = perf_counter()
             rec.on_scheduler_step(self)
+            rec.own_s += perf_counter() - started
             return orig(self, *args, **kwargs)
         return step
 
@@ -265,7 +300,9 @@ def _patch_save(rec: Recorder) -> None:
 
     @functools.wraps(original)
     def save(obj, *args, **kwargs):
+        started = perf_counter()
         rec.on_save(obj)
+        rec.own_s += perf_counter() - started
         return original(obj, *args, **kwargs)
 
     _set(torch, "save", save)

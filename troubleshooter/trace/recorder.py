@@ -9,17 +9,21 @@ user's file and line where the offending call ran. `analysis` turns them into Fi
 from __future__ import annotations
 
 import math
+import statistics
+import sys
 import time
 import weakref
+from time import perf_counter
 from typing import Any, Callable
 
 import torch
 
 from .frameworks import entered_by_framework
-from .locate import user_frame
+from .locate import _cache as _user_files, is_user_file, user_frame
 
 MAX_EVENTS_PER_STEP = 100
 MAX_VIOLATIONS = 500
+MAX_STEP_MARKS = 10_000  # steps whose end time is kept for the report's "tracing added X ms per step"
 HALF = (torch.float16, torch.bfloat16)
 # calls that finish a step rather than start the next one
 TRAILING = {"scaler.update", "scheduler.step", "torch.save", "scaler.state_dict", "clip_grad_norm_",
@@ -59,6 +63,9 @@ class Recorder:
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
         self.scaled_outputs: dict[int, tuple] = {}  # id(scaler.scale() output) -> (its weakref, scaler weakref)
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self._known_optimizers: dict[int, weakref.ref] = {}  # id -> weakref: WeakSet.add makes a weakref per call
+        self._scale_read: tuple | None = None  # (scale tensor, its version, value): one host read per value
+        self._loss_read: tuple | None = None  # (loss tensor, its version, value): the same for the loss
         self.device_seen: dict | None = None  # the device of the first trained parameter
         self.param_dtype: str | None = None  # and its dtype
         self.created_at: dict[int, tuple] = {}  # id(optimizer) -> where it was constructed
@@ -77,7 +84,11 @@ class Recorder:
         self.after_skip: Callable[["Recorder"], None] | None = None  # numerics: a step GradScaler skipped
         self.before_backward: Callable[["Recorder"], None] | None = None  # numerics: the loss is done
         self.before_update: Callable[["Recorder", Any], None] | None = None  # numerics: before any optimizer writes
+        self.before_scale: Callable[[], None] | None = None  # numerics: the loss is made, stop its watch
         self.muted = False  # numerics re-runs a forward: its autocast/backward calls are not the script's
+        # the tracer's own time: every wrapper and hook adds what its bookkeeping took (perf_counter)
+        self.own_s = 0.0
+        self.step_marks: list[tuple[float, float]] = []  # (perf_counter, own_s) as each step completed
         self.on_stop_pending: Callable[[], None] | None = None
         self._reset_iteration()
         self.scaler_stage: dict[tuple[int, int], str] = {}  # (scaler, optimizer) -> unscaled|stepped
@@ -106,11 +117,20 @@ class Recorder:
         self.backwards: list[dict] = []  # backward calls since the last optimizer step
         self.fp16_autocast_since_step = False
         self.scaled_pending = False  # a scaled backward whose grads no unscale_ has touched
-        self.unscaled_params: set[int] = set()
+        self.unscaled_optimizers: list = []  # unscale_(optimizer) calls since the last scaled backward
         self.step_flagged: set[str] = set()
 
     def event(self, kind: str, where: tuple | None = None, **data: Any) -> dict:
-        path, line, func = where or user_frame(3)
+        if where is None:  # user_frame(3), inlined: it runs for every wrapped call
+            frame = sys._getframe(2)
+            while frame is not None:
+                code = frame.f_code
+                known = _user_files.get(code.co_filename)
+                if known or (known is None and is_user_file(code.co_filename)):
+                    break
+                frame = frame.f_back
+            where = (code.co_filename, frame.f_lineno, code.co_name) if frame is not None else (None, None, None)
+        path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
             self.open_next = False
@@ -121,6 +141,23 @@ class Recorder:
         else:
             cur["dropped_events"] += 1
         return ev
+
+    def overhead(self) -> dict:
+        """What tracing added per step: the median over steps of the time spent in the tracer's own
+        code (wrappers, hooks, step analysis, result snapshots) between two step ends, beside
+        the median step (wall time from one step's end to the next, tracing included). Not timed:
+        the interpreter's calls into our code and torch's dispatch to it; timed: a garbage
+        collection or a wait for the CPU that falls inside our code (docs/trace.md)."""
+        marks = self.step_marks
+        walls = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
+        owns = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
+        out: dict[str, Any] = {"steps_timed": len(walls), "total_s": round(self.own_s, 4),
+                               "per_step_ms": None, "step_ms": None, "share": None}
+        if walls:
+            own, wall = statistics.median(owns), statistics.median(walls)
+            out.update(per_step_ms=round(own * 1e3, 4), step_ms=round(wall * 1e3, 4),
+                       share=round(own / (wall - own), 4) if wall > own else None)
+        return out
 
     def violation(self, rule: str, ev: dict, message: str, **data: Any) -> None:
         if len(self.violations) >= MAX_VIOLATIONS:
@@ -222,7 +259,7 @@ class Recorder:
             del self.losses[:-2]
         if record["scaled"]:
             self.scaled_pending = True
-            self.unscaled_params.clear()
+            self.unscaled_optimizers = []
         if isinstance(tensor, torch.Tensor) and tensor.numel() == 1 and not record["scaled"]:
             scale = loss_scale_of(tensor)
             if scale is not None and self.loss_multiplier is None:
@@ -285,7 +322,7 @@ class Recorder:
                                "followed by scaler.update()")
             self._check_unscaled_backward(ev)
         self.scaler_stage[key] = "unscaled"
-        self.unscaled_params.update(id(p) for p in _params_of(optimizer))
+        self.unscaled_optimizers.append(optimizer)  # its parameters are read if a clip asks
 
     def on_scaler_step_enter(self, scaler, optimizer) -> dict:
         self.maybe_stop()
@@ -351,6 +388,10 @@ class Recorder:
         """Keep the optimizer (weakly) and, the first time, the device and dtype of what it
         trains: read now, since a script stopped after N steps frees its optimizer with the
         frames of its main() before the report is written."""
+        known = self._known_optimizers.get(id(optimizer))
+        if known is not None and known() is optimizer and self.device_seen is not None:
+            return  # seen already: the usual call, every step
+        self._known_optimizers[id(optimizer)] = weakref.ref(optimizer)
         self.optimizers.add(optimizer)
         if self.device_seen is None:
             param = first_param(optimizer)
@@ -421,16 +462,13 @@ class Recorder:
                 self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
                                "without GradScaler: small gradients flush to zero in float16")
                 break
-        scale = None
-        if scaler is not None and _scaler_enabled(scaler):
-            try:
-                scale = float(scaler.get_scale())
-            except Exception:  # noqa: BLE001 - a scaler in an odd state must not break the trace
-                scale = None
+        scale = self.scale_of(scaler) if scaler is not None else None
         loss = self._step_loss()
         rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
                "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
         self.series.append(rec)
+        if len(self.step_marks) < MAX_STEP_MARKS:
+            self.step_marks.append((perf_counter(), self.own_s))
         self.timeline[-1].update({"skipped": skipped, "scale": scale, "loss": loss})
         self.last_step_skipped = skipped
         self.last_step_via_scaler = via_scaler
@@ -448,15 +486,48 @@ class Recorder:
         """The latest (unscaled) loss of this step as a float, without closing the step."""
         if not self.losses:
             return None
+        loss = self.losses[-1]
         try:
-            return float(self.losses[-1].float().item())
+            key = loss._version
+        except RuntimeError:  # an inference tensor keeps no version counter: read it each time
+            key = None
+        read = self._loss_read
+        if key is not None and read is not None and read[0] is loss and read[1] == key:
+            return read[2]  # read already this step (before the optimizer wrote): no second sync
+        try:
+            value = float(loss.float().item())
         except Exception:  # noqa: BLE001 - a loss tensor in an odd state must not break the trace
             return None
+        if key is not None:
+            self._loss_read = (loss, key, value)
+        return value
+
+    def scale_of(self, scaler) -> float | None:
+        """A GradScaler's current scale as a float (None when disabled): read from the device once
+        per value (the scale tensor's version counter tells when update() changed it)."""
+        if not _scaler_enabled(scaler):
+            return None
+        try:
+            t = scaler._scale
+            key = t._version if isinstance(t, torch.Tensor) else None
+        except Exception:  # noqa: BLE001 - a GradScaler-like object of another shape
+            t = key = None
+        read = self._scale_read
+        if key is not None and read is not None and read[0] is t and read[1] == key:
+            return read[2]
+        try:
+            value = float(scaler.get_scale())
+        except Exception:  # noqa: BLE001 - before the first scale() the scale may not exist yet
+            return None
+        if key is not None:
+            self._scale_read = (t, key, value)
+        return value
 
     def _step_loss(self) -> float | str | None:
         """The (unscaled) loss of the step as a number; one host sync, once per step."""
         value = self.peek_loss()
         self.losses = []
+        self._loss_read = None
         if value is None:
             return None
         if value != value:
@@ -471,7 +542,8 @@ class Recorder:
         if not self.scaled_pending:
             return
         with_grad = [p for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
-        still = [p for p in with_grad if id(p) not in self.unscaled_params]
+        unscaled = {id(p) for opt in self.unscaled_optimizers for p in _params_of(opt)}
+        still = [p for p in with_grad if id(p) not in unscaled]
         if still:
             self.violation("AMP101", ev, f"{kind} runs on gradients still multiplied by the loss scale "
                            f"({len(still)} of {len(with_grad)} parameters not unscaled): the clip threshold "
@@ -511,10 +583,16 @@ class Recorder:
 
 
 def _scaler_enabled(scaler) -> bool:
+    enabled = getattr(scaler, "_enabled", None)  # what GradScaler.is_enabled() returns: ~10 calls a step
+    if type(enabled) is bool and type(scaler).is_enabled is _IS_ENABLED:
+        return enabled
     try:
         return bool(scaler.is_enabled())
     except Exception:  # noqa: BLE001
         return False
+
+
+_IS_ENABLED = torch.amp.GradScaler.is_enabled
 
 
 def first_param(optimizer) -> torch.Tensor | None:

@@ -58,6 +58,8 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "skipped_steps": skipped,
         "nan": {k: v for k, v in numerics.items() if k != "headroom_steps"} | {"enabled": nan},
         "headroom": {"enabled": headroom, "steps": numerics.get("headroom_steps", []) if headroom else []},
+        "overhead": raw.get("overhead") or {"steps_timed": 0, "total_s": None, "per_step_ms": None,
+                                            "step_ms": None, "share": None},
     }
     return jsonable(report)
 
@@ -94,6 +96,18 @@ def _head(report: dict) -> str:
 def _precision_line(report: dict) -> str | None:
     section = report.get("precision") or {}
     return f"Precision in effect: {section['summary']}." if section.get("summary") else None
+
+
+def overhead_line(report: dict) -> str | None:
+    """What tracing cost the script per step, as measured in the run (none with fewer than two steps)."""
+    o = report.get("overhead") or {}
+    per_step, step = o.get("per_step_ms"), o.get("step_ms")
+    if per_step is None or step is None:
+        return None
+    share = o.get("share")
+    of_step = f" ({share:.1%} of the step without it)" if share is not None else ""
+    return (f"Tracing added about {per_step:.3g} ms per step{of_step}: the tracer's own code, timed in "
+            f"the run (median of {o.get('steps_timed')} steps; a step took {step:.3g} ms with it).")
 
 
 def _clean_line(report: dict) -> str:
@@ -146,6 +160,8 @@ def render_text(report: dict) -> str:
     line = _scale_line(report)
     if line:
         out += ["", line]
+    if overhead_line(report):
+        out += ["", overhead_line(report)]
     exc = (report.get("exit") or {}).get("exception")
     if exc and not exc.get("caused_by_tool"):  # the tool's own failure is AMP219, with no traceback of ours
         out += ["", "Traceback of the script (last lines):", *_traceback_tail(exc)]
@@ -165,6 +181,8 @@ def render_markdown(report: dict) -> str:
     line = _scale_line(report)
     if line:
         parts.append(line)
+    if overhead_line(report):
+        parts += ["", overhead_line(report)]
     exc = (report.get("exit") or {}).get("exception")
     if exc and not exc.get("caused_by_tool"):
         tb = "\n".join(_traceback_tail(exc))

@@ -100,7 +100,7 @@ def capability(device: str = "auto") -> str:
 
 @endpoint
 def speedup_check(preset: str = "", yaml_text: str = "", spec_file: FileData | None = None, device: str = "auto",
-                  precisions: str = ",".join(speedup.PRECISIONS), budget_s: float = 30,
+                  precisions: str = ",".join(speedup.PRECISIONS), budget_s: float = speedup.DEFAULT_UI_BUDGET_S,
                   compile: bool = False) -> tuple[str, FileData | None]:
     """Time fp32/TF32/fp16/bf16 training steps: (the `speedup --format json` object, the plot PNG)."""
     source = specinput.source_for_api(preset, yaml_text, spec_file)

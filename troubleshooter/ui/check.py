@@ -14,7 +14,7 @@ CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
 CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignment",
                 "skiprate": "fp16 skip rate", "nan": "NaN/Inf localisation", "headroom": "overflow/underflow headroom"}
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
-DEFAULT_UI_BUDGET_S = 60.0  # as the CLI's --budget
+DEFAULT_UI_BUDGET_S = 8.0  # the first answer: the CLI's 9 s less the page's round trip (queue, worker, the report back)
 MIN_UI_BUDGET_S = 5.0  # the page's number box
 # the page's choice of autocast policy on a CPU host (engine.autocast_policy)
 AUTOCAST_POLICY_CHOICES = [("CUDA's (answers for your GPU)", "cuda"), ("this CPU's own (training on CPUs)", "host")]
@@ -58,11 +58,13 @@ def _budget(budget_s) -> float:
 
 def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUDGET_S,
             autocast_policy="cuda") -> dict:
-    """The `check_source` keyword arguments for these page/API values, validated by the engine."""
-    from ..engine.check import check_options
+    """The `check_source` keyword arguments for these page/API values, validated by the engine's
+    rules (`engine.check_options`: no torch in the server) and the device by the host probe."""
+    from ..engine.check_options import validated
 
-    return check_options(device=(device or "auto").strip() or "auto", only=_only(checks), steps=_steps(steps),
-                         budget_s=_budget(budget_s), autocast_policy=autocast_policy)
+    kwargs = validated("auto", _only(checks), _steps(steps), _budget(budget_s), autocast_policy)
+    kwargs["device"] = host.device_key(host.validate_device(device))  # what `auto` and `cuda` name here
+    return kwargs
 
 
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
@@ -115,7 +117,7 @@ def ui_check(mode, preset, params, yaml_text, upload, weights, device, checks, s
     name = str(report.spec.get("name") or "model")
     path = common.write_download(f"check_{name}.json", json.dumps(report.to_dict(), indent=2, default=str))
     say = common.for_page
-    return (f"*{common.stamp()}* · " + say(render.status_markdown(report)),
+    return (f"*{common.stamp()}* · " + say(render.status_markdown(report, "page")),
             say(render.section_markdown(report, "capability")),
             say(render.findings_markdown(report)), say(render.section_markdown(report, "alignment")),
             render.alignment_rows(report), say(render.section_markdown(report, "skiprate")),

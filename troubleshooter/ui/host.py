@@ -5,8 +5,10 @@ Probed once, in a worker process, so the server process never creates a CUDA con
 """
 from __future__ import annotations
 
-import functools
+import concurrent.futures
+import json
 import logging
+import threading
 
 from ..errors import UserError
 
@@ -37,21 +39,46 @@ def probe_host() -> dict:
     except ImportError:
         summary = names.get(devices[2], "CPU (no GPU)") if len(devices) > 2 else "CPU (no GPU)"
         recommended, capability = None, None
-    return {"summary": summary, "devices": devices, "device_names": names,
+    info = {"summary": summary, "devices": devices, "device_names": names,
             "recommended_precision": recommended, "capability": capability}
+    # Plain JSON types only: unpickling a torch object (the capability's TorchVersion) in the
+    # server would import torch there, 1.5 s and 180 MiB for a header line.
+    return json.loads(json.dumps(info, default=str))
 
 
-@functools.lru_cache(maxsize=1)
-def host_info(timeout_s: float = 120.0) -> dict:
-    """Cached host facts; a failed probe yields a readable line instead of breaking the page."""
+_PROBE: concurrent.futures.Future | None = None
+_PROBE_LOCK = threading.Lock()
+
+
+def start_probe(timeout_s: float = 120.0) -> None:
+    """Start probing this host now, in the background: the server calls it before importing
+    gradio, so the probe's worker (a Python importing torch) runs beside that import instead
+    of after it, and the page is built without waiting for it."""
+    global _PROBE
+    with _PROBE_LOCK:
+        if _PROBE is None:
+            _PROBE = concurrent.futures.Future()
+            threading.Thread(target=_probe_into, args=(_PROBE, timeout_s), name="host-probe", daemon=True).start()
+
+
+def _probe_into(future: concurrent.futures.Future, timeout_s: float) -> None:
     from ..worker import run_in_worker
 
     try:
-        return run_in_worker(probe_host, timeout_s=timeout_s)
+        future.set_result(run_in_worker(probe_host, timeout_s=timeout_s))
     except UserError as exc:
         log.warning("host probe failed: %s", exc)
-        return {"summary": f"device detection failed: {exc}", "devices": ["auto", "cpu"],
-                "device_names": {"cpu": "CPU"}, "recommended_precision": None, "capability": None}
+        future.set_result({"summary": f"device detection failed: {exc}", "devices": ["auto", "cpu"],
+                           "device_names": {"cpu": "CPU"}, "recommended_precision": None, "capability": None})
+    except BaseException as exc:  # noqa: BLE001 - whoever waits must not wait forever
+        future.set_exception(exc)
+
+
+def host_info(timeout_s: float = 120.0) -> dict:
+    """Cached host facts (probed once per process); a failed probe yields a readable line instead
+    of breaking the page."""
+    start_probe(timeout_s)
+    return _PROBE.result()
 
 
 def device_choices() -> list[tuple[str, str]]:

@@ -215,7 +215,7 @@ def _speedup_tab() -> None:
                 precisions = gr.CheckboxGroup(list(speedup.PRECISIONS), value=list(speedup.PRECISIONS),
                                               label="Precisions", elem_id="speed-precisions")
             with gr.Row():
-                budget = gr.Slider(2, 300, value=30, step=1, label="Time budget (s)", elem_id="speed-budget")
+                budget = gr.Slider(2, 300, value=speedup.DEFAULT_UI_BUDGET_S, step=1, label="Time budget (s)", elem_id="speed-budget")
                 compile_ = gr.Checkbox(False, label="torch.compile each precision")
             run = gr.Button("Run speedup check", variant="primary", elem_id="speed-run")
         with gr.Column(scale=3):

@@ -154,6 +154,16 @@ def apply(settings: Settings) -> None:
     worker.LIMITS.clean_env = True
 
 
+def apply_and_probe(settings: Settings) -> None:
+    """`apply(settings)`, then start probing the host in the background (ui/host.py), before gradio
+    is imported: the probe's worker imports torch beside that import instead of after it. After
+    `apply`, so the probe's process gets the jobs' clean environment, never the server's secrets."""
+    from .host import start_probe
+
+    apply(settings)
+    start_probe()
+
+
 def launch_kwargs(settings: Settings) -> dict:
     """Keyword arguments for `demo.launch` (gradio 6: theme/css also go here)."""
     from .common import download_root

@@ -11,6 +11,7 @@ from .server import SETTINGS
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 MAX_BUDGET_S = 600.0
+DEFAULT_UI_BUDGET_S = 20.0  # as the CLI's --budget (engine.speedup.DEFAULT_BUDGET_S): a verdict or "inconclusive"
 # the speedup is the median of the paired per-round ratios (docs/speedup.md), not the ratio of the
 # median columns beside it: the header says which
 TABLE_HEADERS = ["precision", "median ms", "IQR ms", "throughput", "peak memory",
@@ -40,7 +41,7 @@ def _budget(budget_s) -> float:
     return budget
 
 
-def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float = 30,
+def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float = DEFAULT_UI_BUDGET_S,
             compile: bool = False, progress=None) -> dict:
     """Run `speedup_source` for `source`: in a worker process (YAML/preset), or through the spec
     loader's own child process (an allowed Python file)."""

@@ -191,6 +191,10 @@ def summary_markdown(result: dict) -> str:
         lines.append(f"Loss scale over {len(result['scale'])} step(s); {len(skipped)} step(s) skipped.")
     if result.get("distributed"):
         lines.append(trace_ranks_markdown(result))
+    from ..trace.report import overhead_line
+
+    if overhead_line(result):  # the page states the tracer's cost as the CLI and JSON do
+        lines.append(common.md_escape(overhead_line(result)))
     return "\n\n".join(lines) + "\n"
 
 

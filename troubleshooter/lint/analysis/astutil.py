@@ -41,18 +41,25 @@ def walk(node: ast.AST) -> list[ast.AST]:
     return out
 
 
-def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]]:
-    """`walk(root)` plus each node's children, so later walks of any subtree skip the field lookups."""
+def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]], dict[type, list[ast.AST]]]:
+    """`walk(root)` plus each node's children, so later walks of any subtree skip the field lookups, and
+    the nodes of each class in walk order (rules that look for a few node kinds scan those lists)."""
     out = [root]
     children: dict[int, list[ast.AST]] = {}
+    by_class: dict[type, list[ast.AST]] = {}
     i = 0
     AST = ast.AST
     fields = _FIELDS
     while i < len(out):
         n = out[i]
         i += 1
+        cls = n.__class__
+        bucket = by_class.get(cls)
+        if bucket is None:
+            by_class[cls] = bucket = []
+        bucket.append(n)
         kids = []
-        names = fields.get(n.__class__) or _fields(n.__class__)
+        names = fields.get(cls) or _fields(cls)
         for name in names:
             v = getattr(n, name, None)
             if v.__class__ is list:
@@ -64,7 +71,7 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]
         if kids:
             children[id(n)] = kids
             out += kids
-    return out, children
+    return out, children, by_class
 
 
 _Name, _Attribute = ast.Name, ast.Attribute

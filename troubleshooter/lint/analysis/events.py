@@ -128,7 +128,6 @@ class Scope:
     guards: list[Guard] = field(default_factory=list)
     regions: list[tuple[Autocast, ast.AST, bool]] = field(default_factory=list)  # (region, with, nograd)
     calls: set[str] = field(default_factory=set)  # tail names of functions called
-    region_calls: list[tuple[Autocast, ast.Call]] = field(default_factory=list)  # calls under autocast
     nograd_func: bool = False
     branch_kinds: dict = field(default_factory=dict)  # stmt id -> {branch index: set(kinds)}
 
@@ -148,3 +147,27 @@ class Scope:
         return False
 
 
+
+
+class LazyScope(Scope):
+    """A function that records no event and holds no `with`: nothing of it is needed unless a rule asks
+    which functions it calls (`calls`), so its statements are walked (for call names) only then."""
+
+    _calls: set[str] | None = None
+    _walk = None
+
+    def walk_later(self, walk) -> None:
+        """`walk(scope)` fills `calls` (and the statement lists) when they are first asked for."""
+        self._walk = walk
+
+    @property
+    def calls(self) -> set[str]:
+        if self._calls is None:
+            self._calls = set()
+            if self._walk is not None:
+                self._walk(self)
+        return self._calls
+
+    @calls.setter
+    def calls(self, value: set[str]) -> None:
+        self._calls = value or None

@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import ast
+import weakref
+from functools import partial
 from typing import Any, Callable
 
 from .astutil import tail, walk, walk_indexed
 from .autocast import Autocast, AutocastResolution
-from .events import Scope
+from .events import LazyScope, Scope
 from .names import Names
+from .prefilter import defs_holding, event_capable_defs
 from .roles import Roles
-from .walker import Walker
+from .walker import LightWalker, Walker
+
+
+def _walk_later(model_ref, scope: Scope) -> None:
+    """A LazyScope's walk, on first use. The model is held weakly: a scope holding its model would make
+    a reference cycle, and linting runs with the cycle collector off (lint/runner.py)."""
+    LightWalker(model_ref(), scope).run(scope.node.body)
 
 
 class Memo:
@@ -43,10 +52,11 @@ class FileModel(Roles, AutocastResolution):
         self.tree = tree
         self.source = source
         self.lines = source.splitlines()
-        self.nodes, self._children = walk_indexed(tree)
+        self.nodes, self._children, by_class = walk_indexed(tree)
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
+        self.memo.put(("by_class",), by_class)
         self.names = Names(self.nodes)
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
@@ -81,9 +91,13 @@ class FileModel(Roles, AutocastResolution):
         if self.of_class(ast.AsyncFunctionDef):
             order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
             defs.sort(key=lambda n: order[id(n)])
+        capable = event_capable_defs(self, defs)
+        with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
+        later = partial(_walk_later, weakref.ref(self))
         for node in defs:
             cls = self.parents_of_func.get(id(node))
-            scope = Scope(node, node.name, cls.name if cls else None)
+            lazy = id(node) not in capable and id(node) not in with_defs  # no event, no autocast region
+            scope = (LazyScope if lazy else Scope)(node, node.name, cls.name if cls else None)
             regions: list[Autocast] = []
             for d in node.decorator_list:
                 if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
@@ -92,7 +106,12 @@ class FileModel(Roles, AutocastResolution):
                 ac = self.autocast_of_with(d) if isinstance(d, ast.Call) else None
                 if ac is not None:
                     regions.append(ac)
-            self.scopes.append(Walker(self, scope, tuple(regions)).run(node.body))
+            if lazy:
+                scope.walk_later(later)
+                self.scopes.append(scope)
+            else:
+                walker = Walker if id(node) in capable else LightWalker
+                self.scopes.append(walker(self, scope, tuple(regions)).run(node.body))
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
@@ -105,16 +124,7 @@ class FileModel(Roles, AutocastResolution):
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
-        return self.memo.get(("by_class",), self._index_classes).get(cls, [])
-
-    def _index_classes(self) -> dict[type, list[ast.AST]]:
-        index: dict[type, list[ast.AST]] = {}
-        for n in self.nodes:
-            bucket = index.get(n.__class__)
-            if bucket is None:
-                index[n.__class__] = bucket = []
-            bucket.append(n)
-        return index
+        return self.memo.peek(("by_class",)).get(cls, [])
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""

@@ -125,6 +125,16 @@ class Walker:
         return (isinstance(node, ast.Call) and func_tail(node) == "scale" and receiver(node) is not None
                 and (self.m.is_scaler(tail(receiver(node))) or "scal" in (tail(receiver(node)) or "").lower()))
 
+    def _call_names(self, node: ast.AST, ctx) -> None:
+        """`_exprs` for a scope that records no event: the call names `_call` notes, nothing more."""
+        calls = self.s.calls
+        Call = ast.Call
+        for n in self.m.walk(node):
+            if n.__class__ is Call:
+                t = tail(n.func)
+                if t:
+                    calls.add(t)
+
     def _exprs(self, node: ast.AST, ctx) -> None:
         calls: list[ast.AST] = []
         skip_grad: set[int] = set()
@@ -186,9 +196,6 @@ class Walker:
         q = (m.names.qual(c.func) or "") if t == "backward" or t == "save" else ""  # only these two ask
         if t:
             self.s.calls.add(t)
-        regions = ctx[2]
-        if regions and regions[-1].active and not ctx[3]:
-            self.s.region_calls.append((regions[-1], c))
         if t == "backward":
             if q.endswith("autograd.backward") and c.args:
                 self._backward(c.args[0], c, ctx)
@@ -266,29 +273,47 @@ class Walker:
         memo = self.m.memo
         if not memo.has(key):
             memo.put(key, False)  # a helper that (indirectly) calls itself adds nothing
-            found = False
-            for n in self.m.subtree(d):
-                if kind == GRAD and isinstance(n, ast.Attribute) and n.attr == "grad" and \
-                        not isinstance(getattr(n, "ctx", None), ast.Store):
-                    found = True
-                elif kind == HELPER_BACKWARD and isinstance(n, ast.Call) and func_tail(n) == "backward":
-                    rk = tail(receiver(n)) if receiver(n) is not None else None
-                    found = not (rk and (MANAGED_RE.search(rk) or rk == "self" or self.m.is_optimizer(rk)))
-                elif isinstance(n, ast.Call) and receiver(n) is not None and self.m.is_scaler(tail(receiver(n))):
-                    found = found or {UNSCALE: "unscale_", SCALER_STEP: "step", UPDATE: "update"}.get(kind) == func_tail(n)
-                if found:
-                    break
-            if kind == GRAD and found:
-                # a helper that zeroes or tests grads for None is not a read
-                reads = [n for n in walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
-                found = any(is_grad_read(n, d) for n in reads)
+            found = kind in self._direct_kinds(d)
             if not found:  # trainer classes nest helpers: step() -> _unscale_and_clip() -> scaler.unscale_
                 found = any(self._def_has(inner, kind) for inner in self._called_defs(d))
             memo.put(key, found)
         return memo.peek(key)
 
+    def _direct_kinds(self, d: ast.AST) -> frozenset:
+        """What `d`'s own code (not the helpers it calls) does, of the kinds `_def_has` asks about; one
+        pass over the subtree for all of them, kept for the file."""
+        return self.m.memo.get(("def_direct", id(d)), lambda: self._find_direct_kinds(d))
+
+    def _find_direct_kinds(self, d: ast.AST) -> frozenset:
+        kinds = set()
+        m = self.m
+        scaler_kind = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE}
+        for n in m.subtree(d):
+            cls = n.__class__
+            if cls is ast.Attribute:
+                if n.attr == "grad" and not isinstance(getattr(n, "ctx", None), ast.Store):
+                    kinds.add(GRAD)
+            elif cls is ast.Call:
+                t = func_tail(n)
+                r = receiver(n)
+                rk = tail(r) if r is not None else None
+                if t == "backward":
+                    if not (rk and (MANAGED_RE.search(rk) or rk == "self" or m.is_optimizer(rk))):
+                        kinds.add(HELPER_BACKWARD)
+                elif r is not None and t in scaler_kind and m.is_scaler(rk):
+                    kinds.add(scaler_kind[t])
+        if GRAD in kinds:
+            # a helper that zeroes or tests grads for None is not a read
+            reads = [n for n in walk(d) if isinstance(n, ast.Attribute) and n.attr == "grad"]
+            if not any(is_grad_read(n, d) for n in reads):
+                kinds.discard(GRAD)
+        return frozenset(kinds)
+
     def _called_defs(self, d: ast.AST) -> list[ast.AST]:
-        """Functions of this file that `d` calls by name or as `self.method(...)`."""
+        """Functions of this file that `d` calls by name or as `self.method(...)` (kept for the file)."""
+        return self.m.memo.get(("called_defs", id(d)), lambda: self._find_called_defs(d))
+
+    def _find_called_defs(self, d: ast.AST) -> list[ast.AST]:
         out = []
         for n in self.m.subtree(d):
             if isinstance(n, ast.Call):
@@ -298,6 +323,11 @@ class Walker:
         return out
 
 
+class LightWalker(Walker):
+    """The walk of a scope that cannot record an event (prefilter.py): statements, loops, `with`
+    regions and call names, without looking at what each call does."""
+
+    _exprs = Walker._call_names
 
 
 def accum_count(test: ast.AST):

@@ -45,7 +45,8 @@ optimizer = torch.optim.AdamW(filter(lambda p: p.requires_grad, unet.parameters(
                       "float16 chosen only at launch gives info. Recognises the cast through a dtype variable that is float16 on some path (`weight_dtype`) and "
                       "adapters added with peft/diffusers calls in this file; an upcast done in a helper of another "
                       "file is not seen (a false warning). peft's `get_peft_model(..., autocast_adapter_dtype=True)` "
-                      "upcasts adapters it creates, but not a later `.to(float16)`.")
+                      "upcasts adapters it creates, but not a later `.to(float16)`. A function of this file named like an adapter call "
+                      "(`def add_lora(model)`) is the user's own: the peft/diffusers calls inside it are checked, not its callers.")
     references = ("https://github.com/huggingface/diffusers/pull/6119",
                   "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/amp/grad_scaler.py (_unscale_grads_)")
 
@@ -67,9 +68,10 @@ optimizer = torch.optim.AdamW(filter(lambda p: p.requires_grad, unet.parameters(
                     cast.setdefault(base, c)
         if not cast:
             return
+        own = {f.name for cls in (ast.FunctionDef, ast.AsyncFunctionDef) for f in m.of_class(cls)}
         for c in sorted(m.calls, key=lambda n: (n.lineno, n.col_offset)):
             t = func_tail(c)
-            if t not in _ADAPTERS:
+            if t not in _ADAPTERS or t in own:  # this file's own `add_lora`: its body decides the dtypes
                 continue
             target = chain_base(receiver(c)) if t in {"add_adapter", "add_lora", "load_adapter"} and receiver(c) is not None \
                 else next((chain_base(a) for a in c.args if chain_base(a) in cast), None)

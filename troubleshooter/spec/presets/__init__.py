@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...errors import SpecError
+from .catalogue import CATALOGUE
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Preset:
 
 
 # The names, without importing torch (for --help); test_spec_presets checks they match the registry.
-PRESET_NAMES = ("mlp", "cnn", "gpt", "bert", "vit")
+PRESET_NAMES = tuple(CATALOGUE)
 
 
 def _registry() -> dict[str, Preset]:
@@ -48,12 +49,13 @@ def get_preset(name: str) -> Preset:
 
 
 def list_presets() -> dict[str, dict[str, Any]]:
-    """{preset name: {parameter: default}}; see `preset_descriptions()` for the one-liners."""
-    return {name: dict(p.params) for name, p in _registry().items()}
+    """{preset name: {parameter: default}}; see `preset_descriptions()` for the one-liners. Read from
+    the catalogue: no torch imported (the page's preset list)."""
+    return {name: dict(params) for name, (_, params) in CATALOGUE.items()}
 
 
 def preset_descriptions() -> dict[str, str]:
-    return {name: p.description for name, p in _registry().items()}
+    return {name: description for name, (description, _) in CATALOGUE.items()}
 
 
 def _did_you_mean(word: str, options) -> str:

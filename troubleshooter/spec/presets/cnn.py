@@ -6,6 +6,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
+from .catalogue import entry
 
 
 class BasicBlock(nn.Module):
@@ -97,10 +98,7 @@ def size(cfg: dict) -> tuple[int, int]:
 
 
 PRESET = Preset(
-    name="cnn",
-    description="small ResNet-style image classifier: conv stem, residual stages, linear head",
-    params={"in_channels": 3, "image_size": 32, "width": 32, "stages": 3, "blocks_per_stage": 1,
-            "num_classes": 10, "batch_size": 32},
+    **entry("cnn"),
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,

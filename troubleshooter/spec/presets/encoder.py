@@ -6,6 +6,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
+from .catalogue import entry
 from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
 
 
@@ -93,10 +94,7 @@ def vit_size(cfg: dict) -> tuple[int, int]:
 
 
 BERT = Preset(
-    name="bert",
-    description="BERT-like text encoder (bidirectional attention) classifying each sequence",
-    params={"vocab_size": 8192, "d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 128,
-            "num_classes": 2, "batch_size": 16, "dropout": 0.0},
+    **entry("bert"),
     build=build_bert,
     make_batch=bert_batch,
     loss_fn=batches.cross_entropy_last_dim,
@@ -106,10 +104,7 @@ BERT = Preset(
 )
 
 VIT = Preset(
-    name="vit",
-    description="Vision Transformer image classifier (patch embedding, class token, encoder blocks)",
-    params={"image_size": 32, "patch_size": 4, "in_channels": 3, "d_model": 192, "n_layer": 4,
-            "n_head": 3, "num_classes": 10, "batch_size": 32, "dropout": 0.0},
+    **entry("vit"),
     build=build_vit,
     make_batch=vit_batch,
     loss_fn=batches.cross_entropy_last_dim,

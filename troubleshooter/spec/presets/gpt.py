@@ -6,6 +6,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
+from .catalogue import entry
 from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
 
 
@@ -56,10 +57,7 @@ def size(cfg: dict) -> tuple[int, int]:
 
 
 PRESET = Preset(
-    name="gpt",
-    description="decoder-only transformer language model (GPT-2 style, causal attention, tied embeddings)",
-    params={"vocab_size": 8192, "d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 128,
-            "batch_size": 8, "dropout": 0.0},
+    **entry("gpt"),
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,

@@ -5,6 +5,7 @@ from torch import nn
 
 from .. import batches
 from . import Preset
+from .catalogue import entry
 
 _ACT = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
@@ -38,10 +39,7 @@ def size(cfg: dict) -> tuple[int, int]:
 
 
 PRESET = Preset(
-    name="mlp",
-    description="multilayer perceptron classifier: `depth` Linear layers of width `hidden`",
-    params={"in_features": 512, "hidden": 1024, "depth": 3, "num_classes": 10,
-            "activation": "relu", "batch_size": 64},
+    **entry("mlp"),
     choices={"activation": tuple(_ACT)},
     build=build,
     make_batch=make_batch,
