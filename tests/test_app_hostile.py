@@ -188,10 +188,27 @@ print(REPORT)
 """
 
 
-def _alive(pid_file: Path) -> list[int]:
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: a killed process whose parent (the worker, gone itself, or an init
+    that reaps late) has not collected it yet keeps its /proc entry in state Z, and runs nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _alive(pid_file: Path, grace_s: float = 10.0) -> list[int]:
+    """The job's children still running; SIGKILL is delivered asynchronously, so a child may take
+    a moment to go on a loaded machine (the wait ends as soon as none runs)."""
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 3
-    return [p for p in pids if os.path.exists(f"/proc/{p}")]
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = [p for p in pids if _running(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def test_jobs_leave_no_child_alive_and_see_no_server_secret(server, caller, tmp_path):

@@ -1,6 +1,8 @@
 """The check orchestration and command: JSON contract, exit codes, failures kept per check."""
 import json
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -240,8 +242,14 @@ def test_budget_shares_stop_steps_at_a_boundary_and_say_what_was_cut(monkeypatch
         return real_hunt(*a, **k)
 
     monkeypatch.setattr(nanhunt, "_hunt_one", slow_hunt)
-    for mod in (budget_mod.time, skiprate.time, check.time):
-        monkeypatch.setattr(mod, "perf_counter", fake)
+    # The GEMM-rate probe behind the cost predictions is measured once per process, so on the fake
+    # clock its answer depended on whether an earlier test in this process had measured it: here
+    # every precision computes at one rate and the predictions rest on the steps measured.
+    monkeypatch.setattr(budget_mod, "gemm_rate", lambda precision, device: 1e12)
+    # Only the check's own modules see the fake clock (torch reads time.perf_counter too).
+    fake_time = types.SimpleNamespace(perf_counter=fake, time=time.time)
+    for mod in (budget_mod, skiprate, check, nanhunt):
+        monkeypatch.setattr(mod, "time", fake_time)
     seen = []
     r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="skiprate,nan", steps=50,
                         budget_s=16.0, progress=lambda f, m: seen.append((f, m)))
