@@ -14,12 +14,10 @@ import argparse
 import json
 import sys
 
-# Kept here, not imported from engine.check, so building the CLI parser never imports torch
-# (tests/test_check.py keeps them equal to the engine's).
-CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
-DEFAULT_STEPS = 20
-DEFAULT_BUDGET_S = 9.0  # engine.check.FIRST_ANSWER_BUDGET_S: the first answer; --budget asks for more
-AUTOCAST_POLICIES = ("cuda", "host")  # engine.autocast_policy.POLICIES
+# From the engine's torch-free option rules: building the CLI parser never imports torch.
+from ..engine.check_options import CHECKS, DEFAULT_STEPS, MAX_BUDGET_S
+from ..engine.check_options import FIRST_ANSWER_BUDGET_S as DEFAULT_BUDGET_S  # --budget asks for more
+from ..engine.check_options import POLICIES as AUTOCAST_POLICIES
 
 
 def _budget(text: str) -> float:
@@ -27,7 +25,7 @@ def _budget(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 24 * 3600:
+    if not 0 < value <= MAX_BUDGET_S:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most a day), got {text}")
     return value
 

@@ -17,7 +17,8 @@ from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
 from ..workload import Workload
 from . import precision as prec
-from .check_options import CHECKS, MAX_BUDGET_S, MAX_STEPS, parse_only, validated  # noqa: F401 (kept importable here)
+from .check_options import CHECKS, DEFAULT_STEPS, FIRST_ANSWER_BUDGET_S, MAX_BUDGET_S, MAX_STEPS, parse_only, \
+    validated  # noqa: F401 (kept importable here)
 from .check_options import check_budget as _check_budget, check_steps as _check_steps
 from .budget import Budget, StepCosts, expected_step_s, fits, scaled, track_costs, untrack
 from .device_info import describe_device as device_info
@@ -27,12 +28,8 @@ from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .threads import cpu_threads
 from .training_step import is_oom, release
 
-DEFAULT_STEPS = 20
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_BUDGET_S = 60.0  # the whole run, for library callers (run_check, check_source)
-# The first answer (CLI, page and API default): capability, alignment, headroom and NaN answer in
-# seconds on a busy 2-core CPU; what does not fit is listed in `budget.cut`, with how to ask for more.
-FIRST_ANSWER_BUDGET_S = 9.0
 _WEIGHT = {"capability": 1, "alignment": 1, "skiprate": 4, "nan": 3, "headroom": 1}  # for progress
 # Run order: the fast checks that find the most first (alignment and the one-step headroom check
 # find AMP201/202/203/210; the NaN check AMP205/206/212), the skip-rate probe, which needs many

@@ -8,7 +8,11 @@ from typing import Any, Iterable
 from ..errors import UserError
 
 CHECKS = ("capability", "alignment", "skiprate", "nan", "headroom")
+DEFAULT_STEPS = 20
 MAX_STEPS = 10000
+# The first answer (CLI, page and API default): capability, alignment, headroom and NaN answer in
+# seconds on a busy 2-core CPU; what does not fit is listed in `budget.cut`, with how to ask for more.
+FIRST_ANSWER_BUDGET_S = 9.0
 MAX_BUDGET_S = 24 * 3600.0
 POLICIES = ("cuda", "host")  # autocast op lists on a CPU host (engine.autocast_policy)
 

@@ -10,7 +10,7 @@ from . import common, host, jobs, specinput
 from .ranks import check_ranks_markdown, parse_nproc
 from .server import SETTINGS
 
-CHECK_NAMES = ("capability", "alignment", "skiprate", "nan", "headroom")
+from ..engine.check_options import CHECKS as CHECK_NAMES  # torch-free: the server never imports torch
 CHECK_LABELS = {"capability": "GPU capability", "alignment": "tensor-core alignment",
                 "skiprate": "fp16 skip rate", "nan": "NaN/Inf localisation", "headroom": "overflow/underflow headroom"}
 MAX_UI_STEPS = 2000  # the page's number box; the engine's own limit applies to the API
