@@ -372,3 +372,30 @@ def test_a_trace_on_the_gpu_is_judged_against_what_must_hold_there():
     problems = trace.judge(bad, case, "cuda")
     assert problems == ["ran on cpu, not cuda", "computed in bfloat16 autocast, not float16", "GradScaler off",
                         "findings: AMP101 (error)"]
+
+
+def test_the_profile_counts_each_kernel_once_not_under_its_op_and_itself(tmp_path, monkeypatch):
+    """torch.profiler lists an op (CPU side, its kernels' time as its own device time) and each
+    kernel (device side) as separate events: the first GPU run summed both and said the kernels
+    were busy 200% of the step. Only the kernels' own events make the total."""
+    from types import SimpleNamespace
+
+    runner, speed = _bench("gpusuite.runner"), _bench("gpusuite.speed")
+    cpu, gpu = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
+    events = [SimpleNamespace(key="aten::mm", count=6, device_type=cpu, self_device_time_total=30_000.0),
+              SimpleNamespace(key="gemm_kernel_" + "x" * 300, count=6, device_type=gpu, self_device_time_total=30_000.0),
+              SimpleNamespace(key="aten::add_", count=3, device_type=cpu, self_device_time_total=6_000.0),
+              SimpleNamespace(key="add_kernel", count=3, device_type=gpu, self_device_time_total=6_000.0),
+              SimpleNamespace(key="aten::view", count=3, device_type=cpu, self_device_time_total=0.0)]
+    monkeypatch.setattr(speed, "_profiled_steps", lambda preset, device, steps: (events, 12.0))
+    monkeypatch.setattr(speed, "_release", lambda device: None)
+    ctx = runner.Context(mode="gpu", device="cuda:0", sizes=SimpleNamespace(profile_model=("m", "mlp")),
+                         out_dir=tmp_path, packages={}, results={})
+    res = runner.SectionResult("profile", "Profile", "gpu")
+    speed.run_profile(ctx, res)
+    assert [s["status"] for s in res.steps] == ["ok"], res.steps
+    assert res.data["busy_ms"] == pytest.approx(12.0)  # (30 + 6) ms over 3 steps, not twice that
+    ops, kernels = res.tables
+    assert [r[0] for r in ops["rows"]] == ["aten::mm", "aten::add_"]
+    assert ops["rows"][0][3] == pytest.approx(30 / 36) and "busy 100% of it" in ops["note"]
+    assert len(kernels["rows"][0][0]) == 110 and kernels["rows"][0][0].endswith("…")

@@ -330,6 +330,27 @@ def test_a_speedup_from_warm_up_steps_only_is_inconclusive():
     assert other.level == "use_amp"
 
 
+def test_a_precision_timed_from_its_cold_first_step_is_not_ranked():
+    """The first H200 run (GPT-2 small, 20 s budget, a fresh process): fp16 and bf16 got one step
+    each, 1.8 and 1.6 s of kernel loading and autotuning for steps that then took 84 and 79 ms;
+    the verdict named tf32 the best. Those two are left out of the ranking and the reason said."""
+    medians = {"fp32": 304.0, "tf32": 121.0, "fp16": 1823.0, "bf16": 1604.0}
+    warm = {"fp32": 2, "tf32": 2, "fp16": 1, "bf16": 1}
+    v = make_verdict(medians, device_type="cuda", warmup_only=warm, first_step_only=["fp16", "bf16"])
+    assert v.level == "inconclusive" and v.best_precision == "tf32"
+    assert any("fp16 and bf16 were timed from their first step only" in d for d in v.inconclusive_because)
+    assert "not compared" in v.recommendation
+    # measured in rounds, bf16 wins and fp16's cold step is only a note beside the verdict
+    v = make_verdict({"fp32": 304.0, "bf16": 79.0, "fp16": 1823.0}, device_type="cuda",
+                     first_step_only=["fp16"])
+    assert v.level == "use_amp" and v.best_precision == "bf16"
+    assert any("fp16 was timed from its first step only" in r for r in v.reasons)
+    # every alternative cold: ranked among themselves, never a verdict
+    v = make_verdict({"fp32": 304.0, "bf16": 1604.0}, device_type="cuda", warmup_only={"bf16": 1},
+                     first_step_only=["bf16"])
+    assert v.level == "inconclusive" and v.best_precision == "bf16"
+
+
 def test_a_precision_whose_step_cannot_end_in_time_is_not_started():
     import time
 

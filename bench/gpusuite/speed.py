@@ -150,6 +150,15 @@ def _self_time_us(event, cuda: bool) -> float:
     return float(event.self_cpu_time_total)
 
 
+def _profile_rows(events, steps: int, total_us: float, cuda: bool, n: int, name_chars: int | None = None):
+    """The `n` events with the most own time: name (clipped: kernel names run to hundreds of
+    characters), calls, ms and share per step."""
+    top = sorted(events, key=lambda e: _self_time_us(e, cuda), reverse=True)[:n]
+    return [[e.key if not name_chars or len(e.key) <= name_chars else e.key[:name_chars - 1] + "…",
+             e.count / steps, _self_time_us(e, cuda) / steps / 1e3, _self_time_us(e, cuda) / total_us if total_us else None]
+            for e in top]
+
+
 def _profiled_steps(preset: str, device: str, steps: int):
     """(per-op events, this many profiled bf16 training steps, their unprofiled wall ms per step)."""
     import time
@@ -192,6 +201,12 @@ def _profiled_steps(preset: str, device: str, steps: int):
     return list(prof.key_averages()), wall_ms
 
 
+def _on_device(event) -> bool:
+    """A kernel's own event (not the op that launched it): the profiler lists both, and each
+    kernel's time appears under both, so a sum over all events counts it twice."""
+    return getattr(getattr(event, "device_type", None), "name", "CPU") != "CPU"
+
+
 def run_profile(ctx, res) -> None:
     """Where a bf16 training step of GPT-2 small spends its time (torch.profiler), beside the step's
     unprofiled wall time: kernel time well below the wall time means the host is the limit."""
@@ -199,15 +214,20 @@ def run_profile(ctx, res) -> None:
     cuda = ctx.device.startswith("cuda")
     with res.step(f"{label}: bf16 steps under torch.profiler"):
         all_events, wall_ms = _profiled_steps(preset, ctx.device, steps)
-        events = [e for e in all_events if _self_time_us(e, cuda) > 0]
-        total_us = sum(_self_time_us(e, cuda) for e in events)
-        top = sorted(events, key=lambda e: _self_time_us(e, cuda), reverse=True)[:15]
-        res.table(f"{label}, bf16 training step: the 15 ops with the most {'GPU' if cuda else 'CPU'} time",
+        timed = [e for e in all_events if _self_time_us(e, cuda) > 0]
+        ops = [e for e in timed if not _on_device(e)]  # on a GPU: each op's kernels' time, once
+        kernels = [e for e in timed if _on_device(e)]
+        total_us = sum(_self_time_us(e, cuda) for e in (kernels if cuda else ops))
+        what = "GPU" if cuda else "CPU"
+        res.table(f"{label}, bf16 training step: the 15 ops with the most {what} time",
                   ["op", "calls per step", "ms per step", "share"],
-                  [[e.key, e.count / steps, _self_time_us(e, cuda) / steps / 1e3, _self_time_us(e, cuda) / total_us]
-                   for e in top],
+                  _profile_rows(ops, steps, total_us, cuda, 15),
                   note=f"{'kernel' if cuda else 'CPU op'} time per step {total_us / steps / 1e3:.2f} ms; the same step "
                        f"unprofiled: {wall_ms:.2f} ms wall"
                        + (f" (kernels busy {total_us / steps / 1e3 / wall_ms:.0%} of it)" if cuda else ""))
+        if kernels:
+            res.table(f"{label}, bf16 training step: the 8 kernels with the most GPU time",
+                      ["kernel", "calls per step", "ms per step", "share"],
+                      _profile_rows(kernels, steps, total_us, cuda, 8, name_chars=110))
         res.data.update(wall_ms=wall_ms, busy_ms=total_us / steps / 1e3, steps=steps)
     _release(ctx.device)

@@ -323,6 +323,7 @@ def run_speedup(
         spreads={p: r["spread"] for p, r in results.items() if r.get("timed_from") != "warm-up"},
         paired=paired, native={p: r["native"] for p, r in results.items()},
         warmup_only={p: r["samples"] for p, r in results.items() if r.get("timed_from") == "warm-up"},
+        first_step_only=[p for p, r in results.items() if r.get("first_step_only")],
     )
     verdict.reasons += [f"{p} was not timed: {why}" for p, why in skipped.items()]
     for p in list(runners):
@@ -530,6 +531,9 @@ def _results(runners, samples, workload: Workload, info, flops, paired=None) -> 
             "losses": runner.losses,
             "warmup_steps": len(runner.losses),
             "timed_from": "warm-up" if runner.too_slow else "interleaved rounds",
+            # its only figure is its first step, which pays one-time costs (CUDA kernel loading,
+            # library start-up, autotuning): on a GPU often seconds for a step that then takes ms
+            "first_step_only": runner.too_slow and len(runner.warmup_seconds) == 1,
             "loss_rel_diff_vs_fp32": None,
             "native": _native(p, info),
         }
@@ -549,12 +553,12 @@ def _results(runners, samples, workload: Workload, info, flops, paired=None) -> 
                 r["loss_rel_diff_vs_fp32"] = abs(b - a) / abs(a)
         if p == "fp16":
             r["skipped_steps"] = runner.skipped_steps
+        first_only = " (first-step costs included)" if r["first_step_only"] else ""
         if runner.no_rounds:
-            r["note"] = ("the budget ended before the interleaved rounds: timed from its warm-up"
-                         + (" (first-step costs included)" if len(s) == 1 else ""))
+            r["note"] = "the budget ended before the interleaved rounds: timed from its warm-up" + first_only
         elif runner.too_slow:
             r["note"] = (f"one step took {s[-1] / 1000:.1f} s, more than this precision's share of the "
-                         "budget: timed from its warm-up" + (" (first-step costs included)" if len(s) == 1 else ""))
+                         "budget: timed from its warm-up" + first_only)
         if flops:
             achieved = flops / seconds / 1e12
             peak = hardware.peak_tflops(info.get("name") or "", p) if info["type"] == "cuda" else None

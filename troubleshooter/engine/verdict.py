@@ -112,6 +112,7 @@ def make_verdict(
     paired: Mapping[str, Mapping[str, Any]] | None = None,
     native: Mapping[str, bool] | None = None,
     warmup_only: Mapping[str, int] | None = None,
+    first_step_only: Sequence[str] = (),
 ) -> Verdict:
     """Decide from median step times per precision (ms) and what is known about the run.
 
@@ -124,7 +125,10 @@ def make_verdict(
     a threshold or the timings are too noisy; `native` maps precision -> the device has a fast
     path for it (a gain on a precision without one needs clean timings to be believed);
     `warmup_only` maps precision -> warm-up steps it was timed from, when the budget left it no
-    interleaved rounds (fp32 or the best precision timed so gives no verdict: too few samples).
+    interleaved rounds (fp32 or the best precision timed so gives no verdict: too few samples);
+    `first_step_only` names precisions whose one figure is their first step: it carries one-time
+    costs (on the first H200 run, 1.6-1.8 s for a bf16/fp16 step that then took 80 ms), so they
+    are not ranked against the others.
     """
     medians = {p: float(v) for p, v in medians_ms.items() if v is not None and v > 0}
     others = {p: v for p, v in medians.items() if p != "fp32"}
@@ -141,17 +145,24 @@ def make_verdict(
             why = "only fp32 was measured: add fp16/bf16 to --precisions"
         return Verdict("unknown", f"no verdict: {why}", best, None, notes)
 
-    paired = {p: v for p, v in (paired or {}).items() if p in others and v and v.get("median")}
+    unranked = [p for p in others if p in first_step_only]
+    ranked = {p: v for p, v in others.items() if p not in unranked} or others
+    paired = {p: v for p, v in (paired or {}).items() if p in ranked and v and v.get("median")}
     if paired:
         best = max(paired, key=lambda p: paired[p]["median"])
         speedup = float(paired[best]["median"])
     else:
-        best = min(others, key=others.get)
-        speedup = medians["fp32"] / others[best]
+        best = min(ranked, key=ranked.get)
+        speedup = medians["fp32"] / ranked[best]
     level = level_for(speedup)
     ci = tuple(paired[best]["ci"]) if paired and paired[best].get("ci") else None
     doubts = _doubts(best, speedup, level, ci, paired.get(best), spreads or {}, native or {}, bool(paired))
     doubts = _warmup_doubts(best, warmup_only or {}) + doubts
+    unranked_note = _first_step_note([p for p in unranked if p != best])
+    if unranked_note and (level != "use_amp" or best not in ("bf16", "fp16")):
+        doubts.append(unranked_note)  # one of them might have been the faster (or the AMP) choice
+    elif unranked_note:
+        notes.append(unranked_note)
     if doubts:
         return _inconclusive(best, speedup, ci, doubts, notes)
     reasons: list[str] = []
@@ -214,6 +225,15 @@ def _warmup_doubts(best: str, warmup_only: Mapping[str, int]) -> list[str]:
     what = " and ".join(f"{p} from {warmup_only[p]} warm-up step{'s' if warmup_only[p] != 1 else ''}" for p in timed)
     return [f"too few rounds: {what} only, not in interleaved rounds (the budget left no room for them), so the "
             "ratio rests on single steps timed apart; rerun with a larger --budget"]
+
+
+def _first_step_note(unranked: Sequence[str]) -> str | None:
+    if not unranked:
+        return None
+    names = " and ".join(unranked)
+    return (f"{names} {'was' if len(unranked) == 1 else 'were'} timed from {'its' if len(unranked) == 1 else 'their'} "
+            "first step only, which pays one-time costs (kernel loading, library start-up, autotuning), so "
+            f"{'it was' if len(unranked) == 1 else 'they were'} not compared; rerun with a larger --budget")
 
 
 def _inconclusive(best: str, speedup: float, ci: tuple | None, doubts: list[str], notes: list[str]) -> Verdict:
