@@ -204,7 +204,10 @@ def _profiled_steps(preset: str, device: str, steps: int):
 def _on_device(event) -> bool:
     """A kernel's own event (not the op that launched it): the profiler lists both, and each
     kernel's time appears under both, so a sum over all events counts it twice."""
-    return getattr(getattr(event, "device_type", None), "name", "CPU") != "CPU"
+    on_device = getattr(getattr(event, "device_type", None), "name", "CPU") != "CPU"
+    # a record_function range (e.g. `Optimizer.step#AdamW.step`) also has a device-side event
+    # spanning its kernels: counting it would count them again
+    return on_device and not getattr(event, "is_user_annotation", False)
 
 
 def run_profile(ctx, res) -> None:
