@@ -387,6 +387,10 @@ def test_the_profile_counts_each_kernel_once_not_under_its_op_and_itself(tmp_pat
               SimpleNamespace(key="aten::add_", count=3, device_type=cpu, self_device_time_total=6_000.0),
               SimpleNamespace(key="add_kernel", count=3, device_type=gpu, self_device_time_total=6_000.0),
               SimpleNamespace(key="aten::view", count=3, device_type=cpu, self_device_time_total=0.0)]
+    span = SimpleNamespace(key="Optimizer.step#AdamW.step", count=3, device_type=gpu, self_device_time_total=6_000.0)
+    raw = [SimpleNamespace(key=span.key, device_type=gpu, is_user_annotation=True),
+           SimpleNamespace(key=span.key, device_type=cpu, is_user_annotation=False)]
+    assert speed._without_annotations([*events, span], raw) == events  # a range's span repeats its kernels
     monkeypatch.setattr(speed, "_profiled_steps", lambda preset, device, steps: (events, 12.0))
     monkeypatch.setattr(speed, "_release", lambda device: None)
     ctx = runner.Context(mode="gpu", device="cuda:0", sizes=SimpleNamespace(profile_model=("m", "mlp")),
