@@ -258,14 +258,14 @@ def test_oversized_spec_file_is_refused(tmp_path):
 
 def test_memory_limit_defaults_to_this_hosts_memory(monkeypatch):
     """Issue 11.7: a fixed 48 GiB limit on a 23 GiB host let specs through that could not fit."""
-    from troubleshooter.spec import estimate
+    from troubleshooter.spec import estimate, limits
 
     monkeypatch.delenv(estimate.ENV_MAX_MEMORY_GB, raising=False)
-    monkeypatch.setattr(estimate, "host_memory_gb", lambda: 23.0)
+    monkeypatch.setattr(limits, "host_memory_gb", lambda: 23.0)
     assert estimate.Limits.resolve().max_memory_gb == 23.0
-    monkeypatch.setattr(estimate, "host_memory_gb", lambda: 512.0)
+    monkeypatch.setattr(limits, "host_memory_gb", lambda: 512.0)
     assert estimate.Limits.resolve().max_memory_gb == estimate.DEFAULT_MAX_MEMORY_GB
-    monkeypatch.setattr(estimate, "host_memory_gb", lambda: None)
+    monkeypatch.setattr(limits, "host_memory_gb", lambda: None)
     assert estimate.Limits.resolve().max_memory_gb == estimate.DEFAULT_MAX_MEMORY_GB
     monkeypatch.setenv(estimate.ENV_MAX_MEMORY_GB, "100")
     assert estimate.Limits.resolve().max_memory_gb == 100.0

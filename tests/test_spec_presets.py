@@ -136,3 +136,15 @@ def test_precheck_builds_nothing_and_passes_a_good_spec(monkeypatch):
     precheck(SpecSource.yaml_text("model:\n  layers:\n    - Linear: [4, 8]\ninput: {shape: [2, 4]}\n"))
     with pytest.raises(SpecError, match="unknown layer|Linearr"):
         precheck(SpecSource.yaml_text("model:\n  layers:\n    - Linearr: [4, 8]\ninput: {shape: [2, 4]}\n"))
+
+
+def test_every_preset_is_checked_without_torch_by_the_functions_it_builds_with():
+    """The server's check of a preset (spec/presets/shapes.py) and the built preset must agree:
+    the same parameters, choices, checks and size formula, one set of functions for both."""
+    from troubleshooter.spec.presets import get_preset, get_shape
+    from troubleshooter.spec.presets.catalogue import CATALOGUE
+
+    for name in CATALOGUE:
+        built, checked = get_preset(name), get_shape(name)
+        assert (checked.params, checked.choices, checked.size) == (built.params, built.choices, built.size), name
+        assert checked.validate is built.validate or (name == "mlp" and not built.validate(built.params)), name

@@ -18,49 +18,14 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..findings import Finding, Location, Severity
-from ..hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
+from ..hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size  # noqa: F401 - tests import padded_size here
 from ..workload import Workload
+from .results import WARN_SHARE, AlignmentRow  # noqa: F401 - the class crosses to the app torch-free
 
 RULE, NAME = "AMP201", "dimension-not-aligned"
-WARN_SHARE = 0.05  # a misaligned dimension touching >= 5% of the FLOPs is worth fixing
 SMALL_HEAD = 64  # a classifier head with fewer outputs is set by the task; padding it gains ~nothing
 GROUP_AFTER = 12  # more findings than this: one per distinct pattern, listing its modules
 _ATTENTION_OPS = ("bmm", "baddbmm", "scaled_dot_product")  # the seq x seq GEMMs of attention
-
-
-@dataclass
-class AlignmentRow:
-    module: str
-    cls: str
-    dimension: str
-    value: int
-    multiple: int
-    flops_share: float | None = None  # share of forward FLOPs in the layer this size shapes
-    note: str | None = None  # why a misaligned size is only informational
-    shapes_gemm: bool = True  # False: no GEMM has this size as such (a finding would be wrong)
-
-    @property
-    def aligned(self) -> bool:
-        return self.value % self.multiple == 0
-
-    @property
-    def padded(self) -> int:
-        return padded_size(self.value, self.multiple)
-
-    @property
-    def significant(self) -> bool:
-        """Misaligned in a way worth a warning: material FLOP share and no mitigating note."""
-        return (not self.aligned and self.note is None and self.flops_share is not None
-                and self.flops_share >= WARN_SHARE)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "module": self.module, "class": self.cls, "dimension": self.dimension,
-            "value": self.value, "multiple": self.multiple, "aligned": self.aligned,
-            "padded": self.padded,
-            "flops_share": None if self.flops_share is None else round(self.flops_share, 6),
-            "note": self.note,
-        }
 
 
 @dataclass

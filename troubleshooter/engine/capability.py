@@ -297,7 +297,7 @@ def host_profile(device: str = "auto", cpuinfo_text: str | None = None) -> dict:
     cpu["torch_capability"] = cpu_features.torch_cpu_capability()
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     profile: dict[str, Any] = {
-        "device": str(dev), "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "device": str(dev), "torch_version": str(torch.__version__), "cuda_version": torch.version.cuda,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "mps_available": mps, "cpu": cpu, "tf32": _tf32_settings(),
     }

@@ -173,21 +173,21 @@ def _capability(section: dict[str, Any]):
 
 
 def _alignment(section: list[dict[str, Any]]):
-    from .alignment import AlignmentRow
+    from .results import AlignmentRow
 
     return [AlignmentRow(r["module"], r["class"], r["dimension"], r["value"], r["multiple"], r.get("flops_share"),
                          r.get("note")) for r in section]
 
 
 def _skiprate(section: dict[str, Any]):
-    from .skiprate import SkipRateResult
+    from .results import SkipRateResult
 
     return SkipRateResult(section["steps"], section["summary"], section["recommendation"], [],
                           section["device"], section["seed"], section["init_scale"])
 
 
 def _headroom(section: dict[str, Any]):
-    from .headroom import HeadroomResult
+    from .results import HeadroomResult
 
     renamed = {"first_nonfinite_fp32": "first_nonfinite"}
     names = {f.name for f in dataclasses.fields(HeadroomResult)}

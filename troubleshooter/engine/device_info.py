@@ -16,7 +16,7 @@ from . import cpu_features
 
 def describe_device(device: torch.device) -> dict[str, Any]:
     """What was measured on, in the words the report and the verdict need."""
-    info: dict[str, Any] = {"type": device.type, "index": device.index, "torch": torch.__version__}
+    info: dict[str, Any] = {"type": device.type, "index": device.index, "torch": str(torch.__version__)}  # a plain str: TorchVersion pickles as torch
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         cc = torch.cuda.get_device_capability(index)

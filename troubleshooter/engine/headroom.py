@@ -11,7 +11,6 @@ bf16-precision-loss). All reductions stay on the device; the host syncs once at 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,8 +22,8 @@ from . import precision as prec
 from . import scaled_grads
 from .budget import expected_step_s, fits
 from .module_kind import overflow_fix
+from .results import FP16_MAX, HeadroomResult  # noqa: F401 - the class crosses to the app torch-free
 
-FP16_MAX = 65504.0
 FLUSH_EXP = -24  # |g| < 2**-24: below float16's smallest subnormal -> 0
 SUBNORMAL_EXP = -14  # |g| < 2**-14: float16 subnormal, precision lost
 _LO, _HI = -150, 130  # binary exponents of float32 (subnormals included) .. beyond its max
@@ -41,32 +40,6 @@ LOST_OK = 0.001  # a suggested scale must keep all but 0.1% (the default loses ~
 SCALE_TRIES = 3
 ERROR_WARN = 0.02  # relative gradient error the default scale adds over a larger scale's
 _CHUNK = 1 << 24
-
-
-@dataclass
-class HeadroomResult:
-    activations: list[dict[str, Any]]
-    gradients: list[dict[str, Any]]
-    gradient_summary: dict[str, Any]
-    relative_error: dict[str, dict[str, Any]]
-    reference_loss: float | None
-    input_max_abs: float | None
-    first_overflow: str | None
-    first_nonfinite: str | None = None  # the fp32 reference itself is NaN/Inf here (the nan check's case)
-    findings: list[Finding] = field(default_factory=list)
-    device: str = "cpu"
-    seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The `headroom` section of the check JSON (findings go to the top-level list)."""
-        return {
-            "device": self.device, "seed": self.seed, "fp16_max": FP16_MAX,
-            "reference_loss": self.reference_loss, "input_max_abs": self.input_max_abs,
-            "first_overflow": self.first_overflow, "first_nonfinite_fp32": self.first_nonfinite,
-            "activations": self.activations,
-            "gradient_summary": self.gradient_summary, "gradients": self.gradients,
-            "relative_error": self.relative_error,
-        }
 
 
 # ---------------------------------------------------------------- device-side reductions

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,32 +19,15 @@ from ..workload import Workload
 from . import precision as prec
 from .budget import no_room, record_step_s
 from .training_step import build, device_batch, training_step
+from .results import DEFAULT_INIT_SCALE, SkipRateResult  # noqa: F401 - the class crosses to the app torch-free
 
 RULE, NAME = "AMP204", "high-skip-rate"
-DEFAULT_INIT_SCALE = 65536.0
 # Wall-clock cap for the probe: fp16 on a CPU without fp16 instructions can take seconds a step.
 DEFAULT_BUDGET_S = 20.0
 # Steps after calibration needed before the budget may stop the probe (to judge later skips).
 MIN_STEPS_AFTER_CALIBRATION = 4
 PERSISTENT_RATE = 0.10  # skipping more than 1 step in 10 after calibration is not noise
 CALIBRATION_NOTE = 3  # this many skips before the first good step is worth a lower init_scale
-
-
-@dataclass
-class SkipRateResult:
-    steps: list[dict[str, Any]]
-    summary: dict[str, Any]
-    recommendation: dict[str, Any]
-    findings: list[Finding] = field(default_factory=list)
-    device: str = "cpu"
-    seed: int = 0
-    init_scale: float = DEFAULT_INIT_SCALE
-
-    def to_dict(self) -> dict[str, Any]:
-        """The `skiprate` section of the check JSON (findings go to the top-level list)."""
-        return {"device": self.device, "precision": "fp16", "seed": self.seed,
-                "init_scale": self.init_scale, "summary": self.summary,
-                "recommendation": self.recommendation, "steps": self.steps}
 
 
 def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,

@@ -14,7 +14,7 @@ from .presets import list_presets, preset_descriptions
 from .source import SpecSource
 
 _LAZY = {
-    "load_workload": "loader", "run_with_workload": "loader", "precheck": "loader",
+    "load_workload": "loader", "run_with_workload": "loader", "precheck": "quick_check",
     "Limits": "estimate", "DEFAULT_MAX_PARAMS": "estimate", "DEFAULT_MAX_MEMORY_GB": "estimate",
     "ALLOWED_LAYERS": "layers",
 }

@@ -17,7 +17,8 @@ from ..errors import SpecError
 from ..workload import Workload
 from . import batches, estimate, yamlspec
 from .optim import OptimizerConfig
-from .presets import get_preset, parse_preset_string, resolve_params
+from .quick_check import check_preset, precheck, problem_error  # noqa: F401 - precheck: still importable here
+from .presets import get_preset, parse_preset_string
 from .source import SpecSource
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -171,22 +172,9 @@ def _load_preset(name: str, overrides: dict[str, Any], limits: estimate.Limits, 
                  optimizer: OptimizerConfig | None = None, loss_weight: float = 1.0,
                  weights: str | None = None, spec_name: str | None = None,
                  problems: list[str] | None = None, only_check: bool = False) -> Workload | None:
-    try:
-        preset = get_preset(name)
-    except SpecError as exc:
-        if not problems:
-            raise
-        raise _problem_error(label, [*problems, str(exc)]) from None
-    cfg, param_problems = resolve_params(preset, overrides)
-    problems = list(problems or []) + param_problems
-    if param_problems:
-        raise SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec",
-                        problems)
+    cfg, problems = check_preset(name, overrides, limits, label=label, optimizer=optimizer, problems=problems)
+    preset = get_preset(name)
     optimizer = optimizer or OptimizerConfig()
-    if preset.size is not None:  # its size from cfg alone: a monster is refused before it is built
-        too_big = estimate.check_size(*preset.size(cfg), optimizer.state_floats_per_param(), limits)
-        if too_big:
-            raise _problem_error(label, problems + too_big)
     if only_check:
         return None
     build = partial(preset.build, cfg)
@@ -245,10 +233,6 @@ def _resolve_target(spec, output_shape: tuple | None, batch_size: int, where) ->
     return (kind, loss, num_classes, rest), problems
 
 
-def _problem_error(label: str, problems: list[str]) -> SpecError:
-    return SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec", problems)
-
-
 def _partial_spec(data: dict) -> Any:
     """When only optional sections are wrong, a spec without them, so the model is still checked."""
     from pydantic import ValidationError
@@ -295,7 +279,7 @@ def _load_yaml(source: SpecSource, limits: estimate.Limits, only_check: bool = F
     if spec is None:  # keep checking the model when only optional sections are wrong
         spec = _partial_spec(data)
     if spec is None or layer_problems:
-        raise _problem_error(label, problems)
+        raise problem_error(label, problems)
     if spec.model.preset is not None:
         return _load_preset(spec.model.preset, spec.model.params, limits, label=label,
                             optimizer=spec.optimizer.config(), loss_weight=spec.loss_weight,
@@ -312,7 +296,7 @@ def _load_yaml(source: SpecSource, limits: estimate.Limits, only_check: bool = F
             build_problems.append(f"{yamlspec.layer_line(i, lines)} ({name}): cannot be built: "
                                   f"{estimate.first_line(exc)}")
     if build_problems:
-        raise _problem_error(label, problems + build_problems)
+        raise problem_error(label, problems + build_problems)
     build = partial(_build_stack, tuple(resolved))
     meta_model = estimate.build_on_meta(build)
     inp = spec.input
@@ -332,7 +316,7 @@ def _load_yaml(source: SpecSource, limits: estimate.Limits, only_check: bool = F
         index = (run.failed_module or "").split(".")[0]
         prefix = f"{yamlspec.layer_line(int(index), lines)}: " if index.isdigit() else ""
         problems.append(prefix + run.problem)
-        raise _problem_error(label, problems)
+        raise problem_error(label, problems)
     (kind, loss, num_classes, rest), target_problems = _resolve_target(spec, run.output_shape,
                                                                        inp.batch_size, where)
     problems += target_problems
@@ -369,20 +353,6 @@ def load_workload(source: SpecSource, allow_exec: bool = False, *, max_params: f
     as `run_with_workload` does.
     """
     return _load(source, allow_exec, estimate.Limits.resolve(max_params, max_memory_gb))  # messages: errors.clip
-
-
-def precheck(source: SpecSource, *, max_params: float | None = None, max_memory_gb: float | None = None) -> None:
-    """Refuse (SpecError) what can be found wrong without building anything: malformed or hostile
-    YAML, schema and preset-parameter mistakes, unknown layers, a missing weights file, and a preset
-    too big by its computed size. Cheap; the app asks it in the server process, before a job is
-    queued, and builds the model only in the job (under its time limit). A Python file is never
-    looked at here."""
-    limits = estimate.Limits.resolve(max_params, max_memory_gb)
-    if source.kind == "preset":
-        name, overrides = parse_preset_string(source.value)
-        _load_preset(name, overrides, limits, label=source.describe(), only_check=True)
-    elif source.kind == "yaml":
-        _load_yaml(source, limits, only_check=True)
 
 
 def _load(source: SpecSource, allow_exec: bool, limits: estimate.Limits) -> Workload:

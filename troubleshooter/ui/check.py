@@ -70,7 +70,7 @@ def options(device="auto", checks=CHECK_NAMES, steps=20, budget_s=DEFAULT_UI_BUD
 def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=None,
         budget_s: float = DEFAULT_UI_BUDGET_S, autocast_policy: str = "cuda"):
     """The `CheckReport` for `source`, measured in a worker process (it crosses back typed)."""
-    from ..engine.check import check_report
+    from ..jobs_entry import check_report  # the server stays torch-free
 
     kwargs = options(device, checks, steps, budget_s, autocast_policy)
     specinput.validate(source)

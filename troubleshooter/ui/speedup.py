@@ -45,7 +45,7 @@ def measure(source, device: str = "auto", precisions=PRECISIONS, budget_s: float
             compile: bool = False, progress=None) -> dict:
     """Run `speedup_source` for `source`: in a worker process (YAML/preset), or through the spec
     loader's own child process (an allowed Python file)."""
-    from ..engine.speedup import speedup_source
+    from ..jobs_entry import speedup_source  # the server stays torch-free
 
     precs, budget = _parse_precisions(precisions), _budget(budget_s)
     device = host.validate_device(device)

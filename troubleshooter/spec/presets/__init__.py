@@ -40,12 +40,22 @@ def _registry() -> dict[str, Preset]:
     return {p.name: p for p in presets}
 
 
-def get_preset(name: str) -> Preset:
-    reg = _registry()
+def _known(name: str) -> str:
     key = name.strip().lower()
-    if key not in reg:
-        raise SpecError(f"unknown preset {name!r}{_did_you_mean(key, reg)}; presets: {', '.join(reg)}")
-    return reg[key]
+    if key not in CATALOGUE:
+        raise SpecError(f"unknown preset {name!r}{_did_you_mean(key, CATALOGUE)}; presets: {', '.join(CATALOGUE)}")
+    return key
+
+
+def get_preset(name: str) -> Preset:
+    return _registry()[_known(name)]
+
+
+def get_shape(name: str):
+    """The preset's parameters, choices, checks and size formula, without torch (`shapes.Shape`)."""
+    from .shapes import shape
+
+    return shape(_known(name))
 
 
 def list_presets() -> dict[str, dict[str, Any]]:

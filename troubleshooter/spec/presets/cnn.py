@@ -7,6 +7,7 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
+from .shapes import cnn_size as size, cnn_validate as validate
 
 
 class BasicBlock(nn.Module):
@@ -62,39 +63,6 @@ def make_batch(cfg: dict, batch_size: int, device, gen):
     x = batches.float_input(shape, device, gen)
     y = batches.int_input((batch_size,), cfg["num_classes"], device, gen)
     return (x,), y
-
-
-def validate(cfg: dict) -> list[str]:
-    smallest = cfg["image_size"] // 2 ** (cfg["stages"] - 1)
-    if smallest < 1:
-        return [f"image_size {cfg['image_size']} is too small for {cfg['stages']} stages "
-                f"(each stage after the first halves it)"]
-    return []
-
-
-def _block(c_in: int, c_out: int, stride: int) -> tuple[int, int]:
-    """(parameters, modules) of one BasicBlock."""
-    params, modules = 9 * c_in * c_out + 9 * c_out * c_out + 4 * c_out, 7  # block, conv1, bn1, relu1, conv2, bn2, relu2
-    if stride != 1 or c_in != c_out:
-        return params + c_in * c_out + 2 * c_out, modules + 3  # shortcut Sequential(conv, bn)
-    return params, modules + 1  # shortcut Identity
-
-
-def size(cfg: dict) -> tuple[int, int]:
-    """(parameters, modules) computed from cfg alone (per stage, not per block: blocks_per_stage
-    may be huge): refused before building when too big."""
-    width, blocks = cfg["width"], cfg["blocks_per_stage"]
-    params, modules = 9 * cfg["in_channels"] * width + 2 * width, 1 + 4  # the ResNet, stem Sequential(conv, bn, relu)
-    c_in = width
-    for s in range(cfg["stages"]):
-        c_out = width * 2 ** s
-        first = _block(c_in, c_out, 2 if s > 0 else 1)
-        rest = _block(c_out, c_out, 1)
-        params += first[0] + (blocks - 1) * rest[0]
-        modules += 1 + first[1] + (blocks - 1) * rest[1]
-        c_in = c_out
-    params += c_in * cfg["num_classes"] + cfg["num_classes"]
-    return params, modules + 1 + 3  # stages Sequential, pool, flatten, fc
 
 
 PRESET = Preset(

@@ -7,7 +7,8 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
+from .shapes import bert_size, check_heads, validate_vit, vit_size
+from .transformer import Block, init_weights
 
 
 class TextEncoder(nn.Module):
@@ -69,28 +70,6 @@ def vit_batch(cfg: dict, batch_size: int, device, gen):
     shape = (batch_size, cfg["in_channels"], cfg["image_size"], cfg["image_size"])
     x = batches.float_input(shape, device, gen)
     return (x,), batches.int_input((batch_size,), cfg["num_classes"], device, gen)
-
-
-def validate_vit(cfg: dict) -> list[str]:
-    problems = check_heads(cfg)
-    if cfg["image_size"] % cfg["patch_size"]:
-        problems.append(f"image_size {cfg['image_size']} is not divisible by patch_size {cfg['patch_size']}")
-    return problems
-
-
-def bert_size(cfg: dict) -> tuple[int, int]:
-    """(parameters, modules) computed from cfg alone: refused before building when too big."""
-    d, layers, classes = cfg["d_model"], cfg["n_layer"], cfg["num_classes"]
-    params = (cfg["vocab_size"] + cfg["seq_len"]) * d + layers * block_params(d) + 2 * d + d * classes + classes
-    return params, 6 + layers * BLOCK_MODULES
-
-
-def vit_size(cfg: dict) -> tuple[int, int]:
-    d, layers, classes, p = cfg["d_model"], cfg["n_layer"], cfg["num_classes"], cfg["patch_size"]
-    patches = (cfg["image_size"] // p) ** 2
-    params = (cfg["in_channels"] * p * p * d + d + d + (patches + 1) * d + layers * block_params(d)
-              + 2 * d + d * classes + classes)
-    return params, 5 + layers * BLOCK_MODULES
 
 
 BERT = Preset(

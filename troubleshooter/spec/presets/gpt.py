@@ -7,7 +7,8 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .transformer import BLOCK_MODULES, Block, block_params, check_heads, init_weights
+from .shapes import check_heads, gpt_size as size
+from .transformer import Block, init_weights
 
 
 class GPT(nn.Module):
@@ -47,13 +48,6 @@ def flops_per_step(cfg: dict, n_params: int) -> float:
     n = n_params - cfg["seq_len"] * cfg["d_model"]
     tokens = cfg["batch_size"] * cfg["seq_len"]
     return float(tokens * (6 * n + 12 * cfg["n_layer"] * cfg["d_model"] * cfg["seq_len"]))
-
-
-def size(cfg: dict) -> tuple[int, int]:
-    """(parameters, modules) computed from cfg alone: refused before building when too big."""
-    d, layers = cfg["d_model"], cfg["n_layer"]
-    params = (cfg["vocab_size"] + cfg["seq_len"]) * d + layers * block_params(d) + 2 * d  # lm_head is tied
-    return params, 7 + layers * BLOCK_MODULES
 
 
 PRESET = Preset(

@@ -6,8 +6,9 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
+from .shapes import ACTIVATIONS, mlp_size as size
 
-_ACT = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh}
+_ACT = dict(zip(ACTIVATIONS, (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh)))
 
 
 def build(cfg: dict) -> nn.Module:
@@ -27,20 +28,9 @@ def make_batch(cfg: dict, batch_size: int, device, gen):
     return (x,), y
 
 
-def size(cfg: dict) -> tuple[int, int]:
-    """(parameters, modules) computed from cfg alone: refused before building when too big."""
-    widths = [cfg["in_features"]] + [cfg["hidden"]] * (cfg["depth"] - 1) + [cfg["num_classes"]]
-    hidden_layers = cfg["depth"] - 1
-    params = widths[0] * widths[1] + widths[1]  # the first Linear
-    if hidden_layers:
-        h = cfg["hidden"]
-        params += (hidden_layers - 1) * (h * h + h) + h * cfg["num_classes"] + cfg["num_classes"]
-    return params, 1 + 2 * hidden_layers + 1
-
-
 PRESET = Preset(
     **entry("mlp"),
-    choices={"activation": tuple(_ACT)},
+    choices={"activation": ACTIVATIONS},
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,

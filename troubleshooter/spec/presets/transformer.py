@@ -56,20 +56,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-BLOCK_MODULES = 11  # Block, ln1, attn, qkv, proj, ln2, mlp, fc, act, proj, drop
-
-
-def block_params(d: int) -> int:
-    """Parameters of one Block of width d: qkv 3d²+3d, proj d²+d, fc 4d²+4d, proj 4d²+d, two LayerNorms 4d."""
-    return 12 * d * d + 13 * d
-
-
-def check_heads(cfg: dict) -> list[str]:
-    if cfg["d_model"] % cfg["n_head"]:
-        return [f"d_model {cfg['d_model']} is not divisible by n_head {cfg['n_head']}"]
-    return []
-
-
 def init_weights(model: nn.Module, n_layer: int) -> None:
     """GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by
     1/sqrt(2·n_layer). torch's defaults (N(0, 1) embeddings) give tied-embedding models logits in
