@@ -108,3 +108,37 @@ def test_inference_settings_have_no_scaler_and_the_raw_loop_has_none():
     text = _settings("hf_trainer", training="inference")["text"]
     assert "dtype=torch.bfloat16" in text and "inference_mode" in text and "TrainingArguments" not in text
     assert q.decide({**BASE}).framework_settings is None  # framework: none -> the raw loop only
+
+
+def test_accelerate_does_not_see_a_fused_optimizers_skipped_step():
+    """The framework fact behind the fp16 settings' caveat (huggingface/accelerate#4242, open on
+    2026-11-28; accelerate 1.15.0, torch 2.13): GradScaler calls a fused optimizer's step() even
+    on overflow (the kernel skips the update), so Accelerate's call marker reports the step as
+    taken and its prepared scheduler advances. When this test fails, accelerate fixed it: update
+    the caveat (framework_settings.py), AMP145 and this test."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    Accelerator(cpu=True)
+    seen = {}
+    for fused in (False, True):
+        model = torch.nn.Linear(4, 4)
+        scaler = torch.amp.GradScaler("cpu")
+        opt = AcceleratedOptimizer(torch.optim.AdamW(model.parameters(), fused=fused), device_placement=False,
+                                   scaler=scaler)
+        before = model.weight.detach().clone()
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        model.weight.grad[0, 0] = float("inf")
+        opt.step()
+        assert torch.equal(before, model.weight) and scaler.get_scale() < 65536.0  # skipped either way
+        seen[fused] = opt.step_was_skipped
+    assert seen == {False: True, True: False}
+
+
+def test_fp16_settings_say_a_fused_optimizers_skips_go_unseen():
+    for framework in ("accelerate", "hf_trainer"):
+        text = _settings(framework, gpu="T4")["text"]
+        assert "huggingface/accelerate#4242" in text, framework
+    assert "skips the scheduler on skipped fp16 steps" not in _settings("hf_trainer", gpu="T4")["text"]
+    assert "accelerate#4242" not in _settings("hf_trainer")["text"]  # bf16: no scaler, nothing skipped

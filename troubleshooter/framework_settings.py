@@ -63,6 +63,9 @@ def _accelerate(opts: dict, *, task: str, num_gpus: int, tf32: bool, shard: bool
         if precision == "fp16":
             code.append("#   step the LR scheduler only if not accelerator.optimizer_step_was_skipped; checkpoint "
                         "with accelerator.save_state() (it keeps the GradScaler state)")
+            code.append("#   with a fused optimizer (AdamW(fused=True)) that flag stays False on skipped steps and "
+                        "a prepared scheduler advances anyway (accelerate <= 1.15, huggingface/accelerate#4242): "
+                        "use the optimizer unfused, or compare accelerator.scaler.get_scale() before and after")
     if tf32:
         code.append("# TF32 for the float32 parts: torch.backends.cuda.matmul.allow_tf32 = True")
     return "yaml", "accelerate_config.yaml", "\n".join(lines + code) + "\n"
@@ -127,9 +130,13 @@ def _hf_trainer(opts: dict, *, task: str, num_gpus: int, tf32: bool, shard: bool
     else:
         lines.insert(0, "model = AutoModelForCausalLM.from_pretrained(name)  # float32 master weights: no "
                         "dtype=torch.float16 for full training")
+    if precision == "fp16":
+        lines += ["# fp16: the default optimizer is the fused AdamW (torch >= 2.8), whose skipped steps Accelerate does "
+                  "not see (huggingface/accelerate#4242):",
+                  "# the LR schedule advances on them (a few while the scale calibrates); optim=\"adamw_torch\" keeps "
+                  "it exact, at some speed"]
     lines.append(f"# launch with torchrun --nproc_per_node {num_gpus} train.py" if num_gpus > 1 else
-                 "# the Trainer unscales before clipping, skips the scheduler on skipped fp16 steps and saves the "
-                 "scaler in its checkpoints")
+                 "# the Trainer unscales before clipping and saves the scaler in its checkpoints")
     return "python", "train.py", "\n".join(lines) + "\n"
 
 
