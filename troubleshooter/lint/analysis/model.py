@@ -87,10 +87,7 @@ class FileModel(Roles, AutocastResolution):
 
     def _build_scopes(self) -> None:
         self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
-        defs = self.of_class(ast.FunctionDef) + self.of_class(ast.AsyncFunctionDef)
-        if self.of_class(ast.AsyncFunctionDef):
-            order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
-            defs.sort(key=lambda n: order[id(n)])
+        defs = self._in_walk_order(self.of_class(ast.FunctionDef), self.of_class(ast.AsyncFunctionDef))
         capable = event_capable_defs(self, defs)
         with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
         later = partial(_walk_later, weakref.ref(self))
@@ -125,6 +122,23 @@ class FileModel(Roles, AutocastResolution):
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
         return self.memo.peek(("by_class",)).get(cls, [])
+
+    def _in_walk_order(self, first: list[ast.AST], second: list[ast.AST]) -> list[ast.AST]:
+        """Two lists of this file's nodes, each in walk order (two kinds of the class index), as one list
+        in walk order. Positions come from `list.index` scans of the walk, one forward pass per list at
+        C speed, and only when both lists hold something."""
+        if not second:
+            return list(first)
+        if not first:
+            return list(second)
+        nodes = self.nodes
+        position: dict[int, int] = {}
+        for group in (first, second):
+            i = 0
+            for n in group:
+                i = nodes.index(n, i)
+                position[id(n)] = i
+        return sorted(first + second, key=lambda n: position[id(n)])
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""

@@ -12,35 +12,31 @@ class Roles:
     """FileModel's part that collects names, assignments and what each object is."""
 
     def _collect(self) -> None:
+        """One pass per node kind over the class index (walk order within each kind), not a dispatch
+        over every node: names and attributes, most of a file, only feed the identifier set."""
+        of = self.of_class
+        self.identifiers.update({n.id.lower() for n in of(ast.Name)}, {n.attr.lower() for n in of(ast.Attribute)})
+        for node in of(ast.Call):
+            self._collect_call(node)
         assign_counts: dict[str, int] = {}
-        Name, Attribute, Call, Assign = ast.Name, ast.Attribute, ast.Call, ast.Assign
-        for node in self.nodes:
-            cls = node.__class__  # exact-class dispatch, most common first: this loop sees every node
-            if cls is Name:
-                self.identifiers.add(node.id.lower())
-            elif cls is Attribute:
-                self.identifiers.add(node.attr.lower())
-            elif cls is Call:
-                self._collect_call(node)
-            elif (cls is Assign or cls is ast.AnnAssign) and node.value is not None:
-                targets = node.targets if cls is Assign else [node.target]
-                for t in targets:
-                    for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                        k = tail(sub)
-                        if k:
-                            self.assigns.setdefault(k, []).append(node.value)
-                            assign_counts[k] = assign_counts.get(k, 0) + 1
-                            if isinstance(sub, ast.Name):
-                                self.consts[k] = node.value
-            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
-                self.functions.setdefault(node.name, []).append(node)
-                for a in node.args.args + node.args.kwonlyargs:
-                    self.identifiers.add(a.arg.lower())
-            elif cls is ast.ClassDef:
-                self.classes[node.name] = node
-                for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        self.parents_of_func[id(item)] = node
+        for node in self._in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
+            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
+                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    k = tail(sub)
+                    if k:
+                        self.assigns.setdefault(k, []).append(node.value)
+                        assign_counts[k] = assign_counts.get(k, 0) + 1
+                        if isinstance(sub, ast.Name):
+                            self.consts[k] = node.value
+        for node in self._in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
+            self.functions.setdefault(node.name, []).append(node)
+            for a in node.args.args + node.args.kwonlyargs:
+                self.identifiers.add(a.arg.lower())
+        for node in of(ast.ClassDef):
+            self.classes[node.name] = node
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.parents_of_func[id(item)] = node
         # a scaler handed to code outside this file may be updated there
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables
@@ -182,7 +178,11 @@ class Roles:
 
     @property
     def any_scaler(self) -> bool:
-        """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg)."""
+        """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg).
+        Several rules ask; the scan of every identifier runs once per file."""
+        return self.memo.get(("any_scaler",), self._any_scaler)
+
+    def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
         other = {k.lower() for k, vs in self.assigns.items() if any(
