@@ -19,7 +19,7 @@ class Roles:
         for node in of(ast.Call):
             self._collect_call(node)
         assign_counts: dict[str, int] = {}
-        for node in self._in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
+        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
             for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
                 for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
                     k = tail(sub)
@@ -28,7 +28,7 @@ class Roles:
                         assign_counts[k] = assign_counts.get(k, 0) + 1
                         if isinstance(sub, ast.Name):
                             self.consts[k] = node.value
-        for node in self._in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
+        for node in self.in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
             self.functions.setdefault(node.name, []).append(node)
             for a in node.args.args + node.args.kwonlyargs:
                 self.identifiers.add(a.arg.lower())
