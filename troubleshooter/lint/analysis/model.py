@@ -86,9 +86,9 @@ class FileModel(Roles, AutocastResolution):
 
 
     def _build_scopes(self) -> None:
-        self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
         defs = self.in_walk_order(self.of_class(ast.FunctionDef), self.of_class(ast.AsyncFunctionDef))
-        capable = event_capable_defs(self, defs)
+        capable = event_capable_defs(self, defs)  # first: the walks below skip helpers that record nothing
+        self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
         with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
         later = partial(_walk_later, weakref.ref(self))
         for node in defs:

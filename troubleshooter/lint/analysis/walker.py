@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
 from .events import (BACKWARD, CLIP, FW_CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
                      SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
+from .prefilter import EVENT_HELPERS
 from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
 # A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
@@ -241,6 +242,8 @@ class Walker:
             return
         # a call to a helper defined in this file: summarise what it does to the step
         defs = m.local_defs(t) if (r is None or rk == "self") else []
+        if defs and m.memo.has(EVENT_HELPERS) and not any(id(d) in m.memo.peek(EVENT_HELPERS) for d in defs):
+            return  # none of them can record an event: every summary below would be empty (prefilter.py)
         for kind in (HELPER_BACKWARD, UNSCALE, GRAD, SCALER_STEP, UPDATE):
             if any(self._def_has(d, kind) for d in defs):
                 self._add(kind, c, ctx, via_call=t)
