@@ -54,9 +54,8 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 continue
         if t in functions and (r is None or rk == "self" or (r.__class__ is Name and r.id == "self")):
             helper.append((c.lineno, t))
-    for a in m.of_class(ast.Attribute):
-        if a.attr == "grad":
-            trig_lines.append(a.lineno)
+    if "grad" in m.identifiers:  # every attribute name is there, lower-cased: most files have no `.grad`
+        trig_lines += [a.lineno for a in m.of_class(ast.Attribute) if a.attr == "grad"]
     trig_lines.sort()
     helper.sort()
     helper_lines = [line for line, _ in helper]

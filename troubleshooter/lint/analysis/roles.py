@@ -8,6 +8,10 @@ from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwar
 from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
 
 
+_SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
+_OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
+
+
 class Roles:
     """FileModel's part that collects names, assignments and what each object is."""
 
@@ -90,12 +94,12 @@ class Roles:
         t = func_tail(value) or ""
         if t in {"GradScaler", "ShardedGradScaler"} or q.endswith("GradScaler"):
             self.scaler_ctor.setdefault(key, []).append(value)
-        elif "lr_scheduler" in q or SCHED_NAME_RE.search(t) or re.match(r"get_\w*schedule", t):
+        elif "lr_scheduler" in q or SCHED_NAME_RE.search(t) or _SCHEDULE_FACTORY.match(t):
             self.scheduler_keys.add(key)
-        elif (q.startswith("torch.optim.") or t in OPTIMIZER_CLASSES or re.search(r"optimizer", t, re.I)) \
+        elif (q.startswith("torch.optim.") or t in OPTIMIZER_CLASSES or _OPTIMIZER_WORD.search(t)) \
                 and not SCHED_NAME_RE.search(key):
             self.optimizer_ctor.setdefault(key, []).append(value)
-        ac = self.autocast_of_call(value)
+        ac = self.autocast_of_call(value) if q.endswith("autocast") else None  # its own test, name resolved once
         if ac is not None:
             self.autocast_vars[key] = ac
         elif t == "partial" and value.args and self.is_autocast_callable(value.args[0]):
