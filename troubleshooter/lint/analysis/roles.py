@@ -189,10 +189,13 @@ class Roles:
     def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
+        named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
+        if not named:
+            return False
         other = {k.lower() for k, vs in self.assigns.items() if any(
             isinstance(v, ast.Call) and re.search(r"(Standard|MinMax|Robust|MaxAbs)Scaler$", func_tail(v) or "")
             for v in vs)}  # sklearn feature scalers are not loss scaling
         return any(("scaler" in i and i not in other and not SKLEARN_SCALER_RE.search(i)) or "scale_loss" in i
                    or "loss_scale" in i
-                   for i in self.identifiers)
+                   for i in named)
 
