@@ -98,3 +98,31 @@ def test_getters_fall_back_without_signatures(monkeypatch):
     assert astutil._kids_getter(Bare) is astutil._generic_kids
     assert astutil._kids_getter(ast.Call) is not astutil._generic_kids
     assert astutil._kids_getter(ast.Pass) is None
+
+
+def test_two_kinds_merge_in_walk_order():
+    """FileModel.in_walk_order merges two kinds of the class index as a walk would list them (the
+    roles and imports passes read assignments, defs and imports this way, and their order decides
+    which of two bindings of a name wins)."""
+    from troubleshooter.lint.analysis import FileModel
+
+    src = EVERY_KIND + '''
+x: int = 1
+def outer():
+    y = 2
+    z: float = 3.0
+    async def inner():
+        import os
+        w: str = "a"
+        v = w
+    from b import c
+    return y
+import sys
+u = 4
+'''
+    m = FileModel(ast.parse(src), src)
+    for a, b in ((ast.Assign, ast.AnnAssign), (ast.FunctionDef, ast.AsyncFunctionDef), (ast.Import, ast.ImportFrom)):
+        expected = [id(n) for n in m.nodes if n.__class__ in (a, b)]
+        assert [id(n) for n in m.in_walk_order(m.of_class(a), m.of_class(b))] == expected
+        assert [id(n) for n in m.in_walk_order(m.of_class(b), m.of_class(a))] == expected
+        assert len(expected) >= 3

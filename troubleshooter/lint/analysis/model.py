@@ -155,13 +155,14 @@ class FileModel(Roles, AutocastResolution):
         if not first:
             return list(second)
         nodes = self.nodes
-        position: dict[int, int] = {}
+        both = first + second
+        position: list[int] = []  # aligned with `both`
         for group in (first, second):
             i = 0
             for n in group:
                 i = nodes.index(n, i)
-                position[id(n)] = i
-        return sorted(first + second, key=lambda n: position[id(n)])
+                position.append(i)
+        return [both[k] for k in sorted(range(len(both)), key=position.__getitem__)]
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""
