@@ -126,3 +126,20 @@ u = 4
         assert [id(n) for n in m.in_walk_order(m.of_class(a), m.of_class(b))] == expected
         assert [id(n) for n in m.in_walk_order(m.of_class(b), m.of_class(a))] == expected
         assert len(expected) >= 3
+
+
+def test_dotted_names_key_like_the_unparser():
+    """cond_key spells a name or attribute chain itself instead of calling ast.unparse: same text."""
+    from troubleshooter.lint.analysis.events import _dotted
+
+    checked = 0
+    for path in sorted((ROOT / "tests" / "fixtures" / "lint").glob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                key = _dotted(n)
+                if key is not None:
+                    assert key == ast.unparse(n)
+                    checked += 1
+                else:
+                    assert isinstance(n, ast.Attribute)  # a chain on a call or subscript: the unparser spells it
+    assert checked > 1000

@@ -61,7 +61,7 @@ class Walker:
             return
         if isinstance(st, ast.If):
             self._exprs(st.test, ctx)
-            key, pol = cond_key(st.test)
+            key, pol = self._cond_key(st.test)
             body_ctx = self._branch(ctx, st, 0, key, pol)
             count = accum_count(st.test)
             if count is not False:
@@ -114,6 +114,8 @@ class Walker:
                 if tail(t):
                     self._local_scaled.add(tail(t))
         self._exprs(st, ctx)
+
+    _cond_key = staticmethod(cond_key)
 
     def _count_start(self) -> int:
         return len(self.s.events)
@@ -331,6 +333,11 @@ class LightWalker(Walker):
     regions and call names, without looking at what each call does."""
 
     _exprs = Walker._call_names
+
+    @staticmethod
+    def _cond_key(test: ast.AST) -> tuple[str, bool]:
+        """No event is recorded here, so no branch key is ever read: skip unparsing every `if` test."""
+        return "", True
 
 
 def accum_count(test: ast.AST):
