@@ -63,7 +63,7 @@ class Walker:
             self._exprs(st.test, ctx)
             key, pol = self._cond_key(st.test)
             body_ctx = self._branch(ctx, st, 0, key, pol)
-            count = accum_count(st.test)
+            count = self._accum_count(st.test)
             if count is not False:
                 g = Guard(st, count)
                 self.s.guards.append(g)
@@ -116,6 +116,9 @@ class Walker:
         self._exprs(st, ctx)
 
     _cond_key = staticmethod(cond_key)
+
+    def _accum_count(self, test: ast.AST):
+        return accum_count(test)
 
     def _count_start(self) -> int:
         return len(self.s.events)
@@ -330,7 +333,7 @@ class Walker:
 
 class LightWalker(Walker):
     """The walk of a scope that cannot record an event (prefilter.py): statements, loops, `with`
-    regions and call names, without looking at what each call does."""
+    regions and call names, without looking at what each call does (no branch keys, no guards)."""
 
     _exprs = Walker._call_names
 
@@ -338,6 +341,10 @@ class LightWalker(Walker):
     def _cond_key(test: ast.AST) -> tuple[str, bool]:
         """No event is recorded here, so no branch key is ever read: skip unparsing every `if` test."""
         return "", True
+
+    def _accum_count(self, test: ast.AST):
+        """Nor is an accumulation guard: guards only matter for the events inside them (rules/_steps.py)."""
+        return False
 
 
 def accum_count(test: ast.AST):
