@@ -20,8 +20,9 @@ class Roles:
         over every node: names and attributes, most of a file, only feed the identifier set."""
         of = self.of_class
         self.identifiers.update({n.id.lower() for n in of(ast.Name)}, {n.attr.lower() for n in of(ast.Attribute)})
+        scaler_names = any("scaler" in i for i in self.identifiers)
         for node in of(ast.Call):
-            self._collect_call(node)
+            self._collect_call(node, scaler_names)
         assign_counts: dict[str, int] = {}
         for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
             for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
@@ -53,7 +54,8 @@ class Roles:
             for v in values:
                 self._classify_value(k, v)
 
-    def _collect_call(self, node: ast.Call) -> None:
+    def _collect_call(self, node: ast.Call, scaler_names: bool) -> None:
+        """`scaler_names`: some identifier of the file holds "scaler" (else no argument below can)."""
         t = func_tail(node)
         r = receiver(node)
         rk = tail(r) if r is not None else None
@@ -61,19 +63,18 @@ class Roles:
             self.has_isfinite = True
         if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
             self.scaler_method_keys.add(rk)
-        base = chain_base(r)
         if t == "float" and isinstance(r, ast.Call) and func_tail(r) in {"half", "bfloat16", "to"}:
             self._round_trips.add(id(r))  # model.half().float(): back in float32 (parents are seen first)
-        if id(node) in self._round_trips:
-            pass
-        elif t in {"half", "bfloat16"} and base:
-            self.halved.setdefault(base, node)
-        if t == "to" and base and id(node) not in self._round_trips:
-            self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+        if t in {"half", "bfloat16", "to"} and id(node) not in self._round_trips:
+            base = chain_base(r)
+            if base and t == "to":
+                self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+            elif base:
+                self.halved.setdefault(base, node)
         if t == "requires_grad_" and r is not None and node.args and is_false(node.args[0]):
             self.frozen.add(tail(r) or "")
-        if t == "eval" and r is not None and tail(r):
-            pass
+        if not scaler_names:
+            return
         for a in node.args:
             k = tail(a)
             if k and "scaler" in k.lower() and t not in {"step", "unscale_", "scale", "update", "state_dict",
