@@ -42,7 +42,7 @@ trainer = pl.Trainer(precision="16-mixed", gradient_clip_val=1.0)
 
     def check(self, m):
         fused = [c for cs in m.optimizer_ctor.values() for c in cs if _fused(m, c)]
-        fused += [c for c in m.calls if func_tail(c) in {"AdamW", "Adam", "SGD"} and _fused(m, c) and c not in fused]
+        fused += [c for c in m.calls_named("AdamW", "Adam", "SGD") if _fused(m, c) and c not in fused]
         if not fused:
             return
         for setup in frameworks.of(m, "lightning", "fabric"):
