@@ -662,3 +662,14 @@ def test_the_gpu_answer_is_shown_as_typed_not_as_markup():
     for typed in ("[click](http://evil.example)", "<img src=x onerror=alert(1)>"):
         md = questionnaire.decision_markdown(questionnaire.recommend({"gpu": typed}))
         assert typed not in md and common.md_escape(typed) in md
+
+
+def test_the_speedup_table_lists_a_precision_the_budget_left_untimed():
+    """A precision not started (its first step was expected to pass the budget) is a row with the
+    reason, as the CLI prints it: the page dropped it, and a busy host made fp16/bf16 vanish."""
+    from troubleshooter.ui.speedup import table_rows
+
+    result = {"results": {}, "unavailable": {"tf32": "needs an NVIDIA GPU"}, "errors": {},
+              "skipped": {"fp16": "one fp16 step is expected to take about 4.0 s here, more than the 1.2 s left"}}
+    rows = {r[0]: r[-1] for r in table_rows(result)}
+    assert rows["fp16"].startswith("not timed: one fp16 step") and rows["tf32"].startswith("unavailable")

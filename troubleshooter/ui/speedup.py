@@ -104,6 +104,8 @@ def table_rows(result: dict) -> list[list]:
         rows.append([p, "—", "—", "—", "—", "—", "—", f"unavailable: {why}"])
     for p, why in result.get("errors", {}).items():
         rows.append([p, "—", "—", "—", "—", "—", "—", f"error: {why}"])
+    for p, why in (result.get("skipped") or {}).items():  # not started: its first step would pass the budget
+        rows.append([p, "—", "—", "—", "—", "—", "—", f"not timed: {why}"])
     return rows
 
 
