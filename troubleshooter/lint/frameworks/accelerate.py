@@ -18,8 +18,11 @@ Checked in accelerate 1.15.0 (accelerate/accelerator.py, optimizer.py, scheduler
   called on this optimizer since the last update()" (accelerate issue #641; diffusers PR #721 put
   the clip under `if accelerator.sync_gradients:`).
 - `AcceleratedOptimizer.step`: `scaler.step(optimizer)` + `scaler.update()` and records whether the
-  step was skipped (`step_was_skipped`; `Accelerator.optimizer_step_was_skipped`). A raw optimizer
-  that never went through `prepare` steps on scaled gradients and ignores inf/NaN.
+  step was skipped (`step_was_skipped`; `Accelerator.optimizer_step_was_skipped`) by whether
+  GradScaler called the optimizer's `step()`. GradScaler calls a fused optimizer's `step()` every
+  time (the kernel skips the update), so with `fused=True` the flag stays False on skipped steps
+  (huggingface/accelerate#4242, open; AMP145). A raw optimizer that never went through `prepare`
+  steps on scaled gradients and ignores inf/NaN.
 - `AcceleratedScheduler.step`: returns without stepping when an optimizer step was skipped or
   gradients are still accumulating; a scheduler that was not prepared steps anyway.
 - `save_state` / `load_state` write and read the GradScaler state (scaler.pt) with the rest.

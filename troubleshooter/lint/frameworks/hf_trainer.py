@@ -9,7 +9,8 @@ Checked in transformers 5.24.0 (transformers/training_args.py, trainer.py):
   TypeError.
 - `Trainer.training_step` runs the loss through `self.accelerator.backward(loss)`; the Trainer clips
   (`max_grad_norm`) with the accelerator after gradients are synced, and steps the LR scheduler only
-  when `not self.accelerator.optimizer_step_was_skipped`. Its checkpoints include the GradScaler
+  when `not self.accelerator.optimizer_step_was_skipped` (always False with a fused optimizer, the
+  default `optim` on torch >= 2.8: see accelerate.py, AMP145). Its checkpoints include the GradScaler
   (`_save_scaler`, scaler.pt).
 - `Trainer` in 5.24 has none of the AMP attributes older subclasses read: `self.scaler`,
   `self.use_apex`, `self.do_grad_scaling`, `self.use_cuda_amp`, `self.use_cpu_amp`,

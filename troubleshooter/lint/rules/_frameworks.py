@@ -2,9 +2,12 @@
 the events after a framework's backward, and severity from how sure the precision is."""
 from __future__ import annotations
 
-from ..analysis import BACKWARD, CLIP, FW_CLIP, Event, Scope, compatible
+import ast
+
+from ..analysis import BACKWARD, CLIP, FW_CLIP, Event, Scope, compatible, kwarg
 from .. import frameworks
 from ..frameworks import Setup
+from ..frameworks.values import resolve
 
 NAMES = {"accelerate": "Accelerate", "lightning": "Lightning", "fabric": "Fabric", "hf_trainer": "the Hugging Face Trainer",
          "deepspeed": "DeepSpeed", "fsdp1": "FSDP1", "fsdp2": "FSDP2"}
@@ -66,3 +69,21 @@ def is_framework_call(m, e: Event) -> bool:
     """A framework's own clip/unscale: recognised by name (FW_CLIP) or, for a framework object with
     another name (`acc = Accelerator()`; `acc.clip_grad_norm_`), by the object."""
     return e.kind == FW_CLIP or (e.kind == CLIP and e.recv is not None and e.recv in framework_keys(m))
+
+
+def fused_optimizers(m) -> list[ast.Call]:
+    """Optimizer constructors with `fused=True` (a literal, or a variable whose value or default is
+    True): torch's fused Adam/AdamW/SGD unscale inside their own `step()` (`_step_supports_amp_scaling`),
+    so GradScaler calls that step even on a skipped one."""
+    def compute():
+        found = [c for cs in m.optimizer_ctor.values() for c in cs if _fused(m, c)]
+        return found + [c for c in m.calls_named("AdamW", "Adam", "SGD") if _fused(m, c) and c not in found]
+    return m.memo.get(("fused_optimizers",), compute)
+
+
+def _fused(m, call: ast.Call) -> bool:
+    kw = kwarg(call, "fused")
+    if kw is None:
+        return False
+    v = resolve(m, kw)
+    return v.known and True in v.options

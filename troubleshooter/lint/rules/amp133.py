@@ -6,7 +6,8 @@ from ._frameworks import framework_name, precision_note, severity
 from .base import Hit, Rule
 
 _CHECK = {"accelerate": "if not accelerator.optimizer_step_was_skipped: lr_scheduler.step()`, or pass the "
-                        "scheduler to `accelerator.prepare` (its AcceleratedScheduler skips with the optimizer)",
+                        "scheduler to `accelerator.prepare` (its AcceleratedScheduler skips with the optimizer; "
+                        "not with a fused one: AMP145)",
           "fabric": "step the scheduler only when the scale did not drop: `scale = "
                     "fabric.strategy.precision.scaler.get_scale()` before `optimizer.step()`, and skip "
                     "`scheduler.step()` if `get_scale()` is lower after it",

@@ -5,7 +5,7 @@ from ..analysis import FW_CLIP, func_tail, kwarg, text
 from .. import frameworks
 from ..frameworks import lightning
 from ..frameworks.values import resolve
-from ._frameworks import framework_name, precision_note, severity
+from ._frameworks import framework_name, fused_optimizers, precision_note, severity
 from .base import Hit, Rule
 
 
@@ -41,8 +41,7 @@ trainer = pl.Trainer(precision="16-mixed", gradient_clip_val=1.0)
                   "https://github.com/Lightning-AI/pytorch-lightning/blob/2.6.6/src/lightning/pytorch/plugins/precision/amp.py")
 
     def check(self, m):
-        fused = [c for cs in m.optimizer_ctor.values() for c in cs if _fused(m, c)]
-        fused += [c for c in m.calls_named("AdamW", "Adam", "SGD") if _fused(m, c) and c not in fused]
+        fused = fused_optimizers(m)
         if not fused:
             return
         for setup in frameworks.of(m, "lightning", "fabric"):
@@ -97,10 +96,3 @@ def _trained_by(m, trainer: ast.Call, fused: list[ast.Call]) -> list[ast.Call]:
     spans = [(m.classes[c].lineno, m.classes[c].end_lineno) for c in classes]
     return [f for f in fused if any(lo <= f.lineno <= hi for lo, hi in spans)]
 
-
-def _fused(m, call: ast.Call) -> bool:
-    kw = kwarg(call, "fused")
-    if kw is None:
-        return False
-    v = resolve(m, kw)
-    return v.known and True in v.options
