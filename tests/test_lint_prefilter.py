@@ -77,3 +77,23 @@ def test_linting_leaves_no_reference_cycles():
     finally:
         if was:
             gc.enable()
+
+
+def test_helpers_outside_the_event_set_summarise_to_nothing(models):
+    """`Walker._call` skips the helper summaries of a call whose local defs are all outside the
+    prefilter's event-helper set: on every in-repo script, each such def has none of the kinds."""
+    from troubleshooter.lint.analysis.events import GRAD, HELPER_BACKWARD, SCALER_STEP, UNSCALE, UPDATE
+    from troubleshooter.lint.analysis.prefilter import EVENT_HELPERS
+
+    outside = 0
+    for name, m in models:
+        helpers = m.memo.peek(EVENT_HELPERS)
+        walker = Walker(m, Scope(m.tree, "<module>", None))
+        for d in _defs(m):
+            if id(d) in helpers:
+                continue
+            outside += 1
+            assert not any(walker._def_has(d, k) for k in (HELPER_BACKWARD, UNSCALE, GRAD, SCALER_STEP, UPDATE)), \
+                (name, d.name)
+            assert not walker._plain_step_helper(d), (name, d.name)
+    assert outside > 100

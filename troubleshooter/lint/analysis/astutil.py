@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ast
+import re
+from typing import Callable
 
 from .vocab import ZEROING
 
@@ -41,15 +43,69 @@ def walk(node: ast.AST) -> list[ast.AST]:
     return out
 
 
+# ASDL types of fields that never hold a child node worth walking: names, strings, constants, numbers
+# and the marker singletons.
+_LEAF_TYPES = frozenset({"identifier", "string", "constant", "int",
+                         "expr_context", "boolop", "operator", "unaryop", "cmpop"})
+# The two list fields the parser fills with None as well as nodes (`{**d}`'s key, a kw-only arg without default).
+_LISTS_WITH_NONE = frozenset({("Dict", "keys"), ("arguments", "kw_defaults")})
+_SIGNATURE = re.compile(r"(\w+)\((.*)\)")
+_FIELD_SPEC = re.compile(r"(\w+)([*?]?) (\w+)")
+_KIDS: dict[type, Callable[[ast.AST], list[ast.AST]] | None] = {}
+
+
+def _kids_getter(cls: type) -> Callable[[ast.AST], list[ast.AST]] | None:
+    """A function returning a parsed node's children in field order (what `walk` appends), compiled once
+    per node class from its ASDL signature (`Call(expr func, expr* args, keyword* keywords)` ->
+    `[n.func, *n.args, *n.keywords]`): one call per node instead of a getattr and a type test per field,
+    the indexing walk's main cost. None for a class without children; the generic loop when the
+    signature cannot be read (docstrings stripped by `python -OO`)."""
+    if not cls._fields:
+        return None
+    head = _SIGNATURE.fullmatch((cls.__doc__ or "").split("\n")[0])
+    specs = [_FIELD_SPEC.fullmatch(f.strip()) for f in head.group(2).split(",")] if head else []
+    if not head or head.group(1) != cls.__name__ or not all(specs) or \
+            tuple(m.group(3) for m in specs) != cls._fields:
+        return _generic_kids
+    parts = []
+    for m in specs:
+        typ, how, name = m.groups()
+        if typ in _LEAF_TYPES:
+            continue
+        if how == "*":
+            parts.append(f"*[x for x in n.{name} if x is not None]" if (cls.__name__, name) in _LISTS_WITH_NONE
+                         else f"*n.{name}")
+        elif how == "?":
+            parts.append(f"*((n.{name},) if n.{name} is not None else ())")
+        else:
+            parts.append(f"n.{name}")
+    if not parts:
+        return None
+    scope: dict = {}
+    exec(f"def kids(n): return [{', '.join(parts)}]", scope)  # noqa: S102 - built from ast's own field names
+    return scope["kids"]
+
+
+def _generic_kids(n: ast.AST) -> list[ast.AST]:
+    kids = []
+    for name in _fields(n.__class__):
+        v = getattr(n, name, None)
+        if v.__class__ is list:
+            kids += [x for x in v if isinstance(x, ast.AST)]
+        elif isinstance(v, ast.AST):
+            kids.append(v)
+    return kids
+
+
 def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]], dict[type, list[ast.AST]]]:
-    """`walk(root)` plus each node's children, so later walks of any subtree skip the field lookups, and
-    the nodes of each class in walk order (rules that look for a few node kinds scan those lists)."""
+    """`walk(root)` of a tree straight from the parser, plus each node's children, so later walks of any
+    subtree skip the field lookups, and the nodes of each class in walk order (rules that look for a
+    few node kinds scan those lists instead of every node)."""
     out = [root]
     children: dict[int, list[ast.AST]] = {}
     by_class: dict[type, list[ast.AST]] = {}
+    getters = _KIDS
     i = 0
-    AST = ast.AST
-    fields = _FIELDS
     while i < len(out):
         n = out[i]
         i += 1
@@ -57,20 +113,15 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]]
         bucket = by_class.get(cls)
         if bucket is None:
             by_class[cls] = bucket = []
+            if cls not in getters:
+                getters[cls] = _kids_getter(cls)
         bucket.append(n)
-        kids = []
-        names = fields.get(cls) or _fields(cls)
-        for name in names:
-            v = getattr(n, name, None)
-            if v.__class__ is list:
-                for x in v:
-                    if isinstance(x, AST):
-                        kids.append(x)
-            elif isinstance(v, AST):
-                kids.append(v)
-        if kids:
-            children[id(n)] = kids
-            out += kids
+        kids_of = getters[cls]
+        if kids_of is not None:
+            kids = kids_of(n)
+            if kids:
+                children[id(n)] = kids
+                out += kids
     return out, children, by_class
 
 

@@ -99,6 +99,19 @@ def compatible(a: Event, b: Event) -> bool:
     return True
 
 
+def _dotted(node: ast.AST) -> str | None:
+    """`ast.unparse` of a name or a chain of attributes on a name (`self.scaler`), without the unparser:
+    most `if` tests the walker keys are of this shape. None for anything else."""
+    parts = []
+    while node.__class__ is ast.Attribute:
+        parts.append(node.attr)
+        node = node.value
+    if node.__class__ is not ast.Name:
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
 def cond_key(test: ast.AST) -> tuple[str, bool]:
     """Normalise an if-condition so `if scaler:` and `if scaler is None:` share a key."""
     pol = True
@@ -110,7 +123,7 @@ def cond_key(test: ast.AST) -> tuple[str, bool]:
         test = test.left
     if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "bool" and test.args:
         test = test.args[0]
-    key = text(test)
+    key = _dotted(test) or text(test)
     if key.startswith("self."):
         key = key[5:]
     return key, pol
@@ -132,7 +145,8 @@ class Scope:
     branch_kinds: dict = field(default_factory=dict)  # stmt id -> {branch index: set(kinds)}
 
     def of(self, *kinds: str) -> list[Event]:
-        return [e for e in self.events if e.kind in kinds]
+        events = self.events  # most scopes have none, and rules ask each scope several times
+        return [e for e in events if e.kind in kinds] if events else []
 
     @property
     def is_eval(self) -> bool:

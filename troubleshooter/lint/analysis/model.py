@@ -57,7 +57,7 @@ class FileModel(Roles, AutocastResolution):
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
         self.memo.put(("by_class",), by_class)
-        self.names = Names(self.nodes)
+        self.names = Names(self.in_walk_order(self.of_class(ast.Import), self.of_class(ast.ImportFrom)))
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
         self.functions: dict[str, list[ast.AST]] = {}
@@ -86,12 +86,9 @@ class FileModel(Roles, AutocastResolution):
 
 
     def _build_scopes(self) -> None:
+        defs = self.in_walk_order(self.of_class(ast.FunctionDef), self.of_class(ast.AsyncFunctionDef))
+        capable = event_capable_defs(self, defs)  # first: the walks below skip helpers that record nothing
         self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
-        defs = self.of_class(ast.FunctionDef) + self.of_class(ast.AsyncFunctionDef)
-        if self.of_class(ast.AsyncFunctionDef):
-            order = {id(n): i for i, n in enumerate(self.nodes)}  # keep walk order across both kinds
-            defs.sort(key=lambda n: order[id(n)])
-        capable = event_capable_defs(self, defs)
         with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
         later = partial(_walk_later, weakref.ref(self))
         for node in defs:
@@ -121,10 +118,51 @@ class FileModel(Roles, AutocastResolution):
         """Every call in the file, in walk order (several rules scan only calls)."""
         return self.of_class(ast.Call)
 
+    def calls_named(self, *names: str) -> list[ast.Call]:
+        """The calls whose function's last name (`f` of `x.f(...)` / `f(...)`) is one of `names`, in walk
+        order: rules and framework adapters look for a few names among every call of the file, and
+        scanning all of them each time cost more than the rules' own work (the index is built once)."""
+        index = self.memo.get(("calls_by_tail",), self._index_calls)
+        calls = self.calls
+        if len(names) == 1:
+            return [calls[i] for i in index.get(names[0], ())]
+        return [calls[i] for i in sorted(i for name in set(names) for i in index.get(name, ()))]
+
+    def _index_calls(self) -> dict[str, list[int]]:
+        index: dict[str, list[int]] = {}
+        for i, c in enumerate(self.calls):
+            t = tail(c.func)
+            if t is not None:
+                index.setdefault(t, []).append(i)
+        return index
+
+    def call_quals(self) -> list[str]:
+        """Each call's qualified function name (`names.qual(c.func) or ""`), aligned with `calls`:
+        resolved once per file for the several rules that look at every call's full name."""
+        return self.memo.get(("call_quals",), lambda: [self.names.qual(c.func) or "" for c in self.calls])
+
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
         return self.memo.peek(("by_class",)).get(cls, [])
+
+    def in_walk_order(self, first: list[ast.AST], second: list[ast.AST]) -> list[ast.AST]:
+        """Two lists of this file's nodes, each in walk order (two kinds of the class index), as one list
+        in walk order. Positions come from `list.index` scans of the walk, one forward pass per list at
+        C speed, and only when both lists hold something."""
+        if not second:
+            return list(first)
+        if not first:
+            return list(second)
+        nodes = self.nodes
+        both = first + second
+        position: list[int] = []  # aligned with `both`
+        for group in (first, second):
+            i = 0
+            for n in group:
+                i = nodes.index(n, i)
+                position.append(i)
+        return [both[k] for k in sorted(range(len(both)), key=position.__getitem__)]
 
     def subtree(self, node: ast.AST) -> list[ast.AST]:
         """Cached `walk(node)` for scopes and defs that several rules search."""

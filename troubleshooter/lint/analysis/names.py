@@ -7,12 +7,11 @@ import ast
 class Names:
     """Import aliases -> qualified names, collected from every import anywhere in the file."""
 
-    def __init__(self, nodes: list[ast.AST]):
+    def __init__(self, imports: list[ast.AST]):
+        """`imports`: the file's `import` and `from ... import` statements in walk order."""
         self.alias: dict[str, str] = {}
         self.imports: list[tuple[ast.AST, str, str]] = []  # (node, local name, qualified)
-        for node in nodes:
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
+        for node in imports:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from .model import FileModel
 
 # Call names `Walker._call` makes an event of (whatever the receiver); "save" in any case is matched too.
+# Memo key of the ids of every def of the file that may record an event, itself or through the helpers it
+# calls: `Walker._call` summarises a call to any other local helper as nothing without walking it.
+EVENT_HELPERS = ("event_helpers",)
+
 _TRIGGER_TAILS = frozenset({"backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_",
                             "clip_grad_value_", "unscale_gradients", "clip_gradients"}) | CLIP_NAMES
 
@@ -50,9 +54,8 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 continue
         if t in functions and (r is None or rk == "self" or (r.__class__ is Name and r.id == "self")):
             helper.append((c.lineno, t))
-    for a in m.of_class(ast.Attribute):
-        if a.attr == "grad":
-            trig_lines.append(a.lineno)
+    if "grad" in m.identifiers:  # every attribute name is there, lower-cased: most files have no `.grad`
+        trig_lines += [a.lineno for a in m.of_class(ast.Attribute) if a.attr == "grad"]
     trig_lines.sort()
     helper.sort()
     helper_lines = [line for line, _ in helper]
@@ -80,6 +83,7 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 hot.add(id(d))
                 hot_names.add(d.name)
                 changed = True
+    m.memo.put(EVENT_HELPERS, frozenset(hot))
     return {id(d) for d in defs
             if id(d) in hot or has_trigger(d) or helper_names(d) & hot_names}
 

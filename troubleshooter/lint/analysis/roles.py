@@ -8,39 +8,40 @@ from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwar
 from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
 
 
+_SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
+_OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
+
+
 class Roles:
     """FileModel's part that collects names, assignments and what each object is."""
 
     def _collect(self) -> None:
+        """One pass per node kind over the class index (walk order within each kind), not a dispatch
+        over every node: names and attributes, most of a file, only feed the identifier set."""
+        of = self.of_class
+        self.identifiers.update({n.id.lower() for n in of(ast.Name)}, {n.attr.lower() for n in of(ast.Attribute)})
+        scaler_names = any("scaler" in i for i in self.identifiers)
+        for node in of(ast.Call):
+            self._collect_call(node, scaler_names)
         assign_counts: dict[str, int] = {}
-        Name, Attribute, Call, Assign = ast.Name, ast.Attribute, ast.Call, ast.Assign
-        for node in self.nodes:
-            cls = node.__class__  # exact-class dispatch, most common first: this loop sees every node
-            if cls is Name:
-                self.identifiers.add(node.id.lower())
-            elif cls is Attribute:
-                self.identifiers.add(node.attr.lower())
-            elif cls is Call:
-                self._collect_call(node)
-            elif (cls is Assign or cls is ast.AnnAssign) and node.value is not None:
-                targets = node.targets if cls is Assign else [node.target]
-                for t in targets:
-                    for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                        k = tail(sub)
-                        if k:
-                            self.assigns.setdefault(k, []).append(node.value)
-                            assign_counts[k] = assign_counts.get(k, 0) + 1
-                            if isinstance(sub, ast.Name):
-                                self.consts[k] = node.value
-            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
-                self.functions.setdefault(node.name, []).append(node)
-                for a in node.args.args + node.args.kwonlyargs:
-                    self.identifiers.add(a.arg.lower())
-            elif cls is ast.ClassDef:
-                self.classes[node.name] = node
-                for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        self.parents_of_func[id(item)] = node
+        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
+            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
+                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    k = tail(sub)
+                    if k:
+                        self.assigns.setdefault(k, []).append(node.value)
+                        assign_counts[k] = assign_counts.get(k, 0) + 1
+                        if isinstance(sub, ast.Name):
+                            self.consts[k] = node.value
+        for node in self.in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
+            self.functions.setdefault(node.name, []).append(node)
+            for a in node.args.args + node.args.kwonlyargs:
+                self.identifiers.add(a.arg.lower())
+        for node in of(ast.ClassDef):
+            self.classes[node.name] = node
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.parents_of_func[id(item)] = node
         # a scaler handed to code outside this file may be updated there
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables
@@ -53,7 +54,8 @@ class Roles:
             for v in values:
                 self._classify_value(k, v)
 
-    def _collect_call(self, node: ast.Call) -> None:
+    def _collect_call(self, node: ast.Call, scaler_names: bool) -> None:
+        """`scaler_names`: some identifier of the file holds "scaler" (else no argument below can)."""
         t = func_tail(node)
         r = receiver(node)
         rk = tail(r) if r is not None else None
@@ -61,19 +63,18 @@ class Roles:
             self.has_isfinite = True
         if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
             self.scaler_method_keys.add(rk)
-        base = chain_base(r)
         if t == "float" and isinstance(r, ast.Call) and func_tail(r) in {"half", "bfloat16", "to"}:
             self._round_trips.add(id(r))  # model.half().float(): back in float32 (parents are seen first)
-        if id(node) in self._round_trips:
-            pass
-        elif t in {"half", "bfloat16"} and base:
-            self.halved.setdefault(base, node)
-        if t == "to" and base and id(node) not in self._round_trips:
-            self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+        if t in {"half", "bfloat16", "to"} and id(node) not in self._round_trips:
+            base = chain_base(r)
+            if base and t == "to":
+                self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+            elif base:
+                self.halved.setdefault(base, node)
         if t == "requires_grad_" and r is not None and node.args and is_false(node.args[0]):
             self.frozen.add(tail(r) or "")
-        if t == "eval" and r is not None and tail(r):
-            pass
+        if not scaler_names:
+            return
         for a in node.args:
             k = tail(a)
             if k and "scaler" in k.lower() and t not in {"step", "unscale_", "scale", "update", "state_dict",
@@ -94,12 +95,12 @@ class Roles:
         t = func_tail(value) or ""
         if t in {"GradScaler", "ShardedGradScaler"} or q.endswith("GradScaler"):
             self.scaler_ctor.setdefault(key, []).append(value)
-        elif "lr_scheduler" in q or SCHED_NAME_RE.search(t) or re.match(r"get_\w*schedule", t):
+        elif "lr_scheduler" in q or SCHED_NAME_RE.search(t) or _SCHEDULE_FACTORY.match(t):
             self.scheduler_keys.add(key)
-        elif (q.startswith("torch.optim.") or t in OPTIMIZER_CLASSES or re.search(r"optimizer", t, re.I)) \
+        elif (q.startswith("torch.optim.") or t in OPTIMIZER_CLASSES or _OPTIMIZER_WORD.search(t)) \
                 and not SCHED_NAME_RE.search(key):
             self.optimizer_ctor.setdefault(key, []).append(value)
-        ac = self.autocast_of_call(value)
+        ac = self.autocast_of_call(value) if q.endswith("autocast") else None  # its own test, name resolved once
         if ac is not None:
             self.autocast_vars[key] = ac
         elif t == "partial" and value.args and self.is_autocast_callable(value.args[0]):
@@ -182,13 +183,20 @@ class Roles:
 
     @property
     def any_scaler(self) -> bool:
-        """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg)."""
+        """Anything that looks like loss scaling (GradScaler, apex, timm NativeScaler, a `scaler` arg).
+        Several rules ask; the scan of every identifier runs once per file."""
+        return self.memo.get(("any_scaler",), self._any_scaler)
+
+    def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
+        named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
+        if not named:
+            return False
         other = {k.lower() for k, vs in self.assigns.items() if any(
             isinstance(v, ast.Call) and re.search(r"(Standard|MinMax|Robust|MaxAbs)Scaler$", func_tail(v) or "")
             for v in vs)}  # sklearn feature scalers are not loss scaling
         return any(("scaler" in i and i not in other and not SKLEARN_SCALER_RE.search(i)) or "scale_loss" in i
                    or "loss_scale" in i
-                   for i in self.identifiers)
+                   for i in named)
 

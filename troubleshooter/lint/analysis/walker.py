@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
 from .events import (BACKWARD, CLIP, FW_CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
                      SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
+from .prefilter import EVENT_HELPERS
 from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
 # A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
@@ -60,9 +61,9 @@ class Walker:
             return
         if isinstance(st, ast.If):
             self._exprs(st.test, ctx)
-            key, pol = cond_key(st.test)
+            key, pol = self._cond_key(st.test)
             body_ctx = self._branch(ctx, st, 0, key, pol)
-            count = accum_count(st.test)
+            count = self._accum_count(st.test)
             if count is not False:
                 g = Guard(st, count)
                 self.s.guards.append(g)
@@ -113,6 +114,11 @@ class Walker:
                 if tail(t):
                     self._local_scaled.add(tail(t))
         self._exprs(st, ctx)
+
+    _cond_key = staticmethod(cond_key)
+
+    def _accum_count(self, test: ast.AST):
+        return accum_count(test)
 
     def _count_start(self) -> int:
         return len(self.s.events)
@@ -241,6 +247,8 @@ class Walker:
             return
         # a call to a helper defined in this file: summarise what it does to the step
         defs = m.local_defs(t) if (r is None or rk == "self") else []
+        if defs and m.memo.has(EVENT_HELPERS) and not any(id(d) in m.memo.peek(EVENT_HELPERS) for d in defs):
+            return  # none of them can record an event: every summary below would be empty (prefilter.py)
         for kind in (HELPER_BACKWARD, UNSCALE, GRAD, SCALER_STEP, UPDATE):
             if any(self._def_has(d, kind) for d in defs):
                 self._add(kind, c, ctx, via_call=t)
@@ -325,9 +333,18 @@ class Walker:
 
 class LightWalker(Walker):
     """The walk of a scope that cannot record an event (prefilter.py): statements, loops, `with`
-    regions and call names, without looking at what each call does."""
+    regions and call names, without looking at what each call does (no branch keys, no guards)."""
 
     _exprs = Walker._call_names
+
+    @staticmethod
+    def _cond_key(test: ast.AST) -> tuple[str, bool]:
+        """No event is recorded here, so no branch key is ever read: skip unparsing every `if` test."""
+        return "", True
+
+    def _accum_count(self, test: ast.AST):
+        """Nor is an accumulation guard: guards only matter for the events inside them (rules/_steps.py)."""
+        return False
 
 
 def accum_count(test: ast.AST):

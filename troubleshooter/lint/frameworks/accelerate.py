@@ -91,7 +91,7 @@ def setups(m) -> list[Setup]:
 
 
 def find(m) -> list[Setup]:
-    ctors = [c for c in m.calls if _is_accelerator_ctor(m, c)]
+    ctors = [c for c in m.calls_named("Accelerator") if _is_accelerator_ctor(m, c)]
     if not ctors and not imports(m, "accelerate"):
         return []
     own: dict[int, set[str]] = {}  # id(ctor) -> the names it is assigned to
@@ -101,7 +101,7 @@ def find(m) -> list[Setup]:
                 own.setdefault(id(v), set()).add(k)
     keys = {"accelerator"}.union(*own.values()) if own else {"accelerator"}
     prepared = prepared_keys(m, keys)  # (name, line, attribute)
-    save_state = any(func_tail(c) in {"save_state"} and tail(receiver(c)) in keys for c in m.calls if receiver(c) is not None)
+    save_state = any(tail(receiver(c)) in keys for c in m.calls_named("save_state") if receiver(c) is not None)
     out = []
     for c in ctors or [None]:
         precision, why = precision_of(m, c)

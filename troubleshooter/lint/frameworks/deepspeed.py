@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..analysis import func_tail, kwarg, receiver, tail, text
+from ..analysis import kwarg, receiver, tail, text
 from . import BF16, FP16, FP32, Setup, of, imports
 from .configs import ConfigFile, configs_of
 from .values import CONFIG, LITERAL, NOTHING, Value, literal_dict, resolve
@@ -90,7 +90,7 @@ def _looks_like_ds(d: dict) -> bool:
 
 
 def initialize_calls(m) -> list[ast.Call]:
-    return [c for c in m.calls if func_tail(c) == "initialize" and (m.names.qual(c.func) or "").startswith("deepspeed")]
+    return [c for c in m.calls_named("initialize") if (m.names.qual(c.func) or "").startswith("deepspeed")]
 
 
 def config_from(m, node: ast.AST | None) -> DSConfig | None:
@@ -130,11 +130,10 @@ def configs(m) -> list[DSConfig]:
                 out.append(cfg)
         for c in initialize_calls(m):
             add(config_from(m, kwarg(c, "config") or kwarg(c, "config_params")))
-        for c in m.calls:
-            if func_tail(c) in {"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"} or \
-                    func_tail(c) in {"DeepSpeedPlugin", "HfDeepSpeedConfig", "DeepSpeedStrategy"}:
-                kw = kwarg(c, "deepspeed") or kwarg(c, "hf_ds_config") or kwarg(c, "config") or (c.args[0] if c.args else None)
-                add(config_from(m, kw))
+        for c in m.calls_named("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig",
+                               "DeepSpeedPlugin", "HfDeepSpeedConfig", "DeepSpeedStrategy"):
+            kw = kwarg(c, "deepspeed") or kwarg(c, "hf_ds_config") or kwarg(c, "config") or (c.args[0] if c.args else None)
+            add(config_from(m, kw))
         for node in m.of_class(ast.Dict):
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
             if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
@@ -157,8 +156,9 @@ def configs(m) -> list[DSConfig]:
 
 
 def uses_deepspeed(m) -> bool:
-    return imports(m, "deepspeed") or any(tail(c.func) == "DeepSpeedStrategy" for c in m.calls) or \
-        any(k.arg == "deepspeed" for c in m.calls for k in c.keywords)
+    return imports(m, "deepspeed") or bool(m.calls_named("DeepSpeedStrategy")) or (
+        any(k.arg == "deepspeed" for k in m.of_class(ast.keyword))  # class keywords too: checked below
+        and any(k.arg == "deepspeed" for c in m.calls for k in c.keywords))
 
 
 def engine_keys(m) -> tuple[set[str], set[str], set[str]]:
@@ -211,4 +211,4 @@ def describe(node: ast.AST) -> str:
 
 
 def engine_step_calls(m, engines: set[str]) -> list[ast.Call]:
-    return [c for c in m.calls if func_tail(c) == "step" and receiver(c) is not None and tail(receiver(c)) in engines]
+    return [c for c in m.calls_named("step") if receiver(c) is not None and tail(receiver(c)) in engines]

@@ -44,7 +44,7 @@ def setups(m) -> list[Setup]:
 
 
 def find(m) -> list[Setup]:
-    ctors = [c for c in m.calls if _is_fabric_ctor(m, c)]
+    ctors = [c for c in m.calls_named("Fabric") if _is_fabric_ctor(m, c)]
     if not ctors:
         return []
     keys = {"fabric"}

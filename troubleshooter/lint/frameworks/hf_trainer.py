@@ -43,7 +43,7 @@ def _from_hf(m, call_or_base: ast.AST) -> bool:
 
 
 def args_calls(m) -> list[ast.Call]:
-    return [c for c in m.calls if func_tail(c) in ARGS_CLASSES and _from_hf(m, c)]
+    return [c for c in m.calls_named(*ARGS_CLASSES) if _from_hf(m, c)]
 
 
 def _flag(m, call: ast.Call, name: str) -> Value:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis import func_tail, kwarg, text
+from ..analysis import kwarg, text
 from . import BF16, BF16_TRUE, FP8, FP16, FP16_TRUE, FP32, Setup, of, derives, imports
 from .configs import configs_of
 from .values import CONFIG, LITERAL, NOTHING, Value, resolve_kw
@@ -51,7 +51,7 @@ def _from_lightning(m, call: ast.Call) -> bool:
 
 
 def trainer_calls(m) -> list[ast.Call]:
-    return [c for c in m.calls if func_tail(c) == "Trainer" and _from_lightning(m, c)]
+    return [c for c in m.calls_named("Trainer") if _from_lightning(m, c)]
 
 
 def precision_of(m, call: ast.Call | None, what: str = "Trainer") -> Value:

@@ -45,7 +45,7 @@ def model_names(m, bf16: bool = True) -> list[tuple[str, int | None, str]]:
                 seen.add((value, line))
                 out.append((value, line, how))
 
-        for c in m.calls:
+        for c in m.calls_named("from_pretrained", "add_argument", "option"):
             t = func_tail(c) or ""
             if t == "from_pretrained" and c.args and isinstance(c.args[0], ast.Constant):
                 add(c.args[0].value, c.lineno, "from_pretrained")
@@ -56,7 +56,7 @@ def model_names(m, bf16: bool = True) -> list[tuple[str, int | None, str]]:
                 d = kwarg(c, "default")
                 if _NAME_HINTS.search(names) and isinstance(d, ast.Constant):
                     add(d.value, c.lineno, f"`{names.split()[0] if names else '?'}` default")
-        for node in m.nodes:
+        for node in m.in_walk_order(m.of_class(ast.AnnAssign), m.of_class(ast.Assign)):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _NAME_HINTS.search(node.target.id):
                 v = node.value
                 if isinstance(v, ast.Call) and func_tail(v) == "field":

@@ -26,7 +26,7 @@ def qual(m: FileModel, call: ast.Call) -> str:
 
 def ddp_calls(m: FileModel) -> list[ast.Call]:
     """`DistributedDataParallel(...)` (or an alias such as `DDP(...)`)."""
-    return [c for c in m.calls if qual(m, c).endswith("DistributedDataParallel")
+    return [c for c, q in zip(m.calls, m.call_quals()) if q.endswith("DistributedDataParallel")
             or (func_tail(c) == "DDP" and "DistributedDataParallel" in m.names.alias.get("DDP", ""))]
 
 
@@ -37,7 +37,7 @@ def mentions_sync_control(m: FileModel) -> bool:
 
 
 def reduces_by_hand(m: FileModel) -> bool:
-    return any(func_tail(c) in REDUCE_CALLS for c in m.calls)
+    return bool(m.calls_named(*REDUCE_CALLS))
 
 
 def unconditional_no_sync(m: FileModel) -> list[ast.With]:
@@ -100,4 +100,4 @@ def rank_ifs(m: FileModel) -> list[tuple[ast.If, str]]:
 def is_distributed(m: FileModel) -> bool:
     """The file uses torch.distributed (imports it, wraps a model, starts a process group)."""
     return any("torch.distributed" in q or q.endswith("DistributedDataParallel") for _, _, q in m.names.imports) or \
-        any(func_tail(c) in {"init_process_group", "DDP", "FSDP", "fully_shard"} for c in m.calls)
+        bool(m.calls_named("init_process_group", "DDP", "FSDP", "fully_shard"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis import BACKWARD, CLIP, FW_CLIP, Event, Scope, compatible, func_tail, kwarg
+from ..analysis import BACKWARD, CLIP, FW_CLIP, Event, Scope, compatible, kwarg
 from .. import frameworks
 from ..frameworks import Setup
 from ..frameworks.values import resolve
@@ -77,7 +77,7 @@ def fused_optimizers(m) -> list[ast.Call]:
     so GradScaler calls that step even on a skipped one."""
     def compute():
         found = [c for cs in m.optimizer_ctor.values() for c in cs if _fused(m, c)]
-        return found + [c for c in m.calls if func_tail(c) in {"AdamW", "Adam", "SGD"} and _fused(m, c) and c not in found]
+        return found + [c for c in m.calls_named("AdamW", "Adam", "SGD") if _fused(m, c) and c not in found]
     return m.memo.get(("fused_optimizers",), compute)
 
 

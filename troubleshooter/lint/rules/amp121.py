@@ -33,10 +33,8 @@ self.lm_head = nn.Linear(768, 50304)  # vocab padded to a multiple of 64
     references = ('https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html',)
 
     def check(self, m):
-        for n in m.calls:
+        for n in m.calls_named(*_LAYERS):
             t = tail(n.func)
-            if t not in _LAYERS:
-                continue
             q = m.names.qual(n.func) or ""
             if not q.startswith(("torch.nn.", "nn.")):
                 continue

@@ -31,12 +31,11 @@ with torch.amp.autocast("cuda", enabled=use_amp):
     references = ('https://pytorch.org/docs/stable/amp.html (torch.autocast)',)
 
     def check(self, m):
-        for n in m.calls:
+        for n, q in zip(m.calls, m.call_quals()):
             if n.args:
                 continue
             if any(k.arg is None or k.arg == "device_type" for k in n.keywords):
                 continue  # **kwargs may carry the device
-            q = m.names.qual(n.func)
             if q in _DEVICE_GENERIC:
                 yield Hit.at(n, f"`{ast.unparse(n.func)}(...)` has no `device_type`: it raises TypeError "
                                 "(missing required argument 'device_type') when it runs")

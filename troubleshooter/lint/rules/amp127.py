@@ -70,7 +70,7 @@ def _scales_anywhere(m) -> bool:
     """Any scaled backward, `*.scale` or scaler `.step` in the file: a scaler may travel under another name."""
     if any(e.kind == SCALE or (e.kind == BACKWARD and e.scaled) for s in m.scopes for e in s.events):
         return True
-    for n in m.of_class(ast.Attribute):
+    for n in (m.of_class(ast.Attribute) if {"scale", "step"} & m.identifiers else ()):  # attribute names, lower-cased
         base = tail(n.value) or ""
         if n.attr == "scale" and ("scal" in base.lower() or m.is_scaler(base)):
             return True

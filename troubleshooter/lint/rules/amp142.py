@@ -51,15 +51,15 @@ optimizer = torch.optim.AdamW(filter(lambda p: p.requires_grad, unet.parameters(
                   "https://github.com/pytorch/pytorch/blob/v2.13.0/torch/amp/grad_scaler.py (_unscale_grads_)")
 
     def check(self, m):
-        if any(func_tail(c) in _UPCASTS for c in m.calls) or _upcast_loop(m):
+        if m.calls_named(*_UPCASTS) or _upcast_loop(m):
             return
         scaling, sure = self._scaling(m)
         if scaling is None:
             return
         half_vars = {k for k, vs in m.assigns.items() if any(_is_fp16(m, v) for v in vs)}
         cast: dict[str, ast.Call] = {}
-        for c in m.calls:
-            if func_tail(c) != "to" or receiver(c) is None:
+        for c in m.calls_named("to"):
+            if receiver(c) is None:
                 continue
             dtypes = list(c.args) + [k.value for k in c.keywords if k.arg == "dtype"]
             if any((isinstance(d, ast.Name) and d.id in half_vars) or m.dtype_of(d) == "fp16" for d in dtypes):

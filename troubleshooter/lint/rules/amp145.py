@@ -118,4 +118,4 @@ def _reliance(m, prepared: set[str], scope) -> str | None:
 
 def _handed_to_prepare(m, call: ast.Call) -> bool:
     """`accelerator.prepare(model, AdamW(..., fused=True))`: the constructor itself is an argument."""
-    return any(call in getattr(c, "args", ()) for c in m.calls if c is not call and getattr(c.func, "attr", "") == "prepare")
+    return any(call in c.args for c in m.calls_named("prepare") if c is not call)

@@ -36,7 +36,7 @@ scaler.load_state_dict(ckpt["scaler"])
     references = ("https://pytorch.org/docs/stable/amp.html (GradScaler.load_state_dict)",)
 
     def check(self, m):
-        if not is_distributed(m) or any(func_tail(c) in _SHARES for c in m.calls):
+        if not is_distributed(m) or m.calls_named(*_SHARES):
             return
         ifs = rank_ifs(m)
         if not ifs:
