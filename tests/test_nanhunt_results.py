@@ -176,3 +176,29 @@ def test_slots_without_values_read_as_zero_even_where_an_earlier_step_wrote():
         hooks.detach()
     assert rep.finite and rep.n_calls == 6
     assert all(c["min"] == c["max"] == 0.0 for c in rep.calls)
+
+
+def test_hook_sets_alive_together_never_share_a_buffer_and_a_detached_ones_is_reused():
+    torch.manual_seed(0)
+    bad, good = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        bad[1].bias[0] = float("nan")
+    a, b = HookSet(bad).attach(), HookSet(good).attach()
+    try:
+        for _ in range(2):
+            bad(torch.randn(3, 4)).sum().backward()
+            good(torch.randn(3, 4)).sum().backward()  # written between a's writes and a's collect
+            rep_a, rep_b = a.collect(), b.collect()
+            assert rep_a.forward["module"] == "1" and rep_a.forward["value"] == "nan" and rep_b.finite
+        buffers = {id(kept[0]) for kept in (*a._results.values(), *b._results.values())}
+        assert len(buffers) == 2
+    finally:
+        a.detach()
+        b.detach()
+    c = HookSet(good).attach()
+    try:
+        good(torch.randn(3, 4)).sum().backward()
+        assert c.collect().finite
+        assert {id(kept[0]) for kept in c._results.values()} <= buffers  # handed back, taken again
+    finally:
+        c.detach()
