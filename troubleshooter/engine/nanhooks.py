@@ -442,8 +442,9 @@ class HookSet:
             kept = _take_results(key)
         if kept is None or 2 * slot + 1 >= len(kept[1]):  # grows a few times, in the first steps
             size = max(512, 4 * (slot + 1), 2 * len(kept[1]) if kept else 0)
-            buffer = torch.empty(size, dtype=like.dtype, device=like.device)
-            kept = (buffer, list(buffer.unbind()))  # ~1.4 us a view: made once, then pooled
+            with torch.inference_mode(False):  # a buffer made in inference mode could not be written outside it
+                buffer = torch.empty(size, dtype=like.dtype, device=like.device)
+                kept = (buffer, list(buffer.unbind()))  # ~1.4 us a view: made once, then pooled
         self._results[key] = kept
         return kept
 
