@@ -143,6 +143,12 @@ def number(x: float) -> float | str:
     return float(f"{x:.6g}")
 
 
+
+def _version(t: torch.Tensor) -> Any:
+    """t's version counter; an inference tensor (`torch.inference_mode()`) keeps none, so it gets a
+    fresh token that matches nothing: reduced again rather than trusted unchanged."""
+    return object() if t.is_inference() else t._version
+
 class _Call:
     """One module call of one step: slots of its inputs and outputs, its parent call."""
 
@@ -348,7 +354,7 @@ class HookSet:
         """(index of t's min/max in step.vals, True if reduced now); reduced once per version."""
         key = id(t)
         hit = step.seen.get(key)
-        version = t._version
+        version = _version(t)
         if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2], False
         ref = weakref.ref(t)
@@ -512,7 +518,7 @@ class HookSet:
             # input's values at collect(), so no reduction; a gradient hook only where its
             # backward could hide a non-finite gradient (ReLU's mask turns inf into 0)
             slot = self._alias(step, call.ins[0], output.device)
-            step.seen[id(output)] = (weakref.ref(output), output._version, slot)
+            step.seen[id(output)] = (weakref.ref(output), _version(output), slot)
             call.outs = (slot,)
             call.dtype = output.dtype
             call.order = len(step.calls)
