@@ -58,13 +58,31 @@ def display_path(path: str) -> str:
     return short_path(path)
 
 
+_lines: dict[tuple[int, int], tuple] = {}  # (id(code), instruction offset) -> (code, line)
+
+
+def line_of(frame) -> int:
+    """`frame.f_lineno`, remembered per code object and instruction: reading f_lineno scans the
+    code's line table from its start, which in a long training loop was the largest single cost
+    of recording an event. The code object is kept with its line, so its id is never reused."""
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)
+    hit = _lines.get(key)
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    line = frame.f_lineno
+    if frame.f_trace is None:  # under a debugger's tracer the frame's line is its own business
+        _lines[key] = (code, line)
+    return line
+
+
 def user_frame(depth: int = 2) -> tuple[str | None, int | None, str | None]:
     """(path, line, function) of the innermost user frame above the caller."""
     frame = sys._getframe(depth)
     while frame is not None:
         code = frame.f_code
         if is_user_file(code.co_filename):
-            return code.co_filename, frame.f_lineno, code.co_name
+            return code.co_filename, line_of(frame), code.co_name
         frame = frame.f_back
     return None, None, None
 
