@@ -29,7 +29,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from .locate import _cache as _user_files, is_user_file
+from .locate import _cache as _user_files
+from .locate import is_user_file
 
 LOG: dict[str, Any] = {"frameworks": [], "fsdp": [], "lightning_scheduler_steps": [], "framework_scalers": 0}
 _rec = None

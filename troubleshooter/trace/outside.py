@@ -23,7 +23,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..engine.collapse import op_name as _op_name
-from .locate import _cache as _user_files, is_user_file, line_of
+from .locate import _cache as _user_files
+from .locate import is_user_file, line_of
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
 MAX_KEPT_ELEMENTS = 16 * 2**20  # per step: tensor elements kept alive until the optimizer step
