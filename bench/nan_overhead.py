@@ -7,15 +7,19 @@ machine hits every mode alike. Reports medians and the ratio
     (hooks - plain) / (anomaly - plain)      target: <= 0.2
 
     python bench/nan_overhead.py                       # deep MLP, CNN, small GPT on CPU, side by side
+    python bench/nan_overhead.py --baseline-ref main   # + the hooks of another git ref, same rounds
     python bench/nan_overhead.py --device cuda --precision bf16 --preset gpt:d_model=768,n_layer=12
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -51,6 +55,24 @@ class _HooksWithoutArithmetic(HookSet):
         return super()._reduce(step, t, measure=False)
 
 
+_BASELINE: dict[str, type] = {}  # --baseline-ref: "HookSet" -> that ref's HookSet class
+
+
+def load_baseline(ref: str) -> type:
+    """HookSet as it is in git `ref` (engine/nanhooks.py of that commit, imported under another
+    name), so a change is timed against what it replaces in the same process and rounds."""
+    root = Path(__file__).resolve().parents[1]
+    source = subprocess.run(["git", "-C", str(root), "show", f"{ref}:troubleshooter/engine/nanhooks.py"],
+                            check=True, capture_output=True, text=True).stdout
+    source = source.replace("from .hook_registry import", "from troubleshooter.engine.hook_registry import")
+    path = Path(tempfile.mkdtemp(prefix="nanhooks_ref_")) / "nanhooks_ref.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("nanhooks_ref", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.HookSet
+
+
 def _step(workload, model, opt, scaler, batch, precision, device) -> None:
     opt.zero_grad(set_to_none=True)
     with prec.autocast(precision, device):
@@ -74,6 +96,8 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
         hunt.hooks.skip_passive_modules = mode != "nanhunt_before"
         if mode == "nanhunt_no_arithmetic":
             hunt.hooks.__class__ = _HooksWithoutArithmetic
+        if mode == "nanhunt_ref":  # same attributes: HookSet.__init__ is unchanged between refs
+            hunt.hooks.__class__ = _BASELINE["HookSet"]
         hunt.hooks.backward = mode != "nanhunt_forward_only"
         hunt.attach()
     anomaly = torch.autograd.detect_anomaly() if mode == "detect_anomaly" else contextlib.nullcontext()
@@ -123,7 +147,9 @@ def run(preset: str, device: str, precision: str, repeats: int, steps: int, warm
     rounds = sorted((h - p) / (a - p) for p, h, a in zip(per_mode["plain"], per_mode["nanhunt"],
                                                          per_mode["detect_anomaly"]) if a > p)
     before = med["nanhunt_before"] - med["plain"] if "nanhunt_before" in med else None
+    ref = med["nanhunt_ref"] - med["plain"] if "nanhunt_ref" in med else None
     return {
+        "ratio_ref": ref / anomaly if anomaly > 0 and ref is not None else float("nan"),
         "round_ratios": rounds,
         "ratio_before": before / anomaly if anomaly > 0 and before is not None else float("nan"),
         "nanhunt_over_plain": ours / med["plain"] if med["plain"] > 0 else float("nan"),
@@ -160,6 +186,9 @@ def main(argv=None) -> int:
                     help="CPU threads for torch (default: 1; on a loaded shared VM more threads "
                          "spin against each other and swamp the difference being measured)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up steps per mode (default: 2)")
+    ap.add_argument("--baseline-ref", metavar="REF",
+                    help="also time the hooks of this git ref (e.g. main) in the same rounds, for a "
+                         "before/after of a change to engine/nanhooks.py")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time the hooks without arithmetic and the forward hooks alone in the "
                          "same rounds, and print where nanhunt's added time goes")
@@ -172,10 +201,16 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}; {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
           f"threads, {precision}; {args.repeats} interleaved rounds x {args.steps} steps per mode; medians of "
           f"{'process CPU time' if args.device == 'cpu' else 'wall time, synchronised'}\n")
+    ref = args.baseline_ref
     print("| model (preset) | params | plain ms/step | nanhunt added | before (all modules hooked) added "
-          "| detect_anomaly added | ratio | ratio before | per-round ratios (median) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          + (f"| {ref} added " if ref else "")
+          + "| detect_anomaly added | ratio | ratio before " + (f"| ratio {ref} " if ref else "")
+          + "| per-round ratios (median) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | " + ("---: | ---: | " if ref else "") + "--- |")
     modes = MODES + BREAKDOWN if args.breakdown else MODES
+    if ref:
+        _BASELINE["HookSet"] = load_baseline(ref)
+        modes += ("nanhunt_ref",)
     breakdown_rows = []
     for preset in args.preset or SHAPES:
         res = run(preset, args.device, precision, args.repeats, args.steps, args.warmup, modes)
@@ -189,8 +224,9 @@ def main(argv=None) -> int:
         rr = res["round_ratios"]
         spread = f"{rr[0]:.2f} .. {rr[-1]:.2f} ({statistics.median(rr):.2f})" if rr else "n/a"
         print(f"| `{preset}` | {res['params'] / 1e6:.2f} M | {plain * 1e3:.1f} | {added('nanhunt')} | "
-              f"{added('nanhunt_before')} | {added('detect_anomaly')} | **{res['ratio']:.3f}** | "
-              f"{res['ratio_before']:.3f} | {spread} |", flush=True)
+              f"{added('nanhunt_before')} | " + (f"{added('nanhunt_ref')} | " if ref else "")
+              + f"{added('detect_anomaly')} | **{res['ratio']:.3f}** | {res['ratio_before']:.3f} | "
+              + (f"{res['ratio_ref']:.3f} | " if ref else "") + f"{spread} |", flush=True)
     print(f"\nratio = (nanhunt - plain) / (detect_anomaly - plain), target <= 0.2   "
           f"[{time.perf_counter() - t0:.0f} s]")
     if args.breakdown:

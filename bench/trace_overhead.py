@@ -20,6 +20,7 @@ variation on a shared VM is about +-10%, larger than the effects measured. Targe
     python bench/trace_overhead.py --mode processes    # end to end: fresh processes, trace_script()
     python bench/trace_overhead.py --device cuda --precision bf16 --rounds 5
     python bench/trace_overhead.py --compare /tmp/base --script-loss   # another checkout's tracer, same rounds
+    python bench/trace_overhead.py --compare /tmp/base --count-calls 200  # + Python/C calls per step (load-free)
 
 Short steps (a fixed per-step cost shows there): MLP presets of about 0.5, 2 and 5 ms per step on
 a 2-core CPU (`--preset mlp:in_features=64,hidden=64,depth=2,num_classes=8,batch_size=16`, ...,
@@ -135,7 +136,9 @@ def run_inprocess(args) -> dict[str, list[float]]:
         sched.step()
         opt.zero_grad(set_to_none=True)
 
-    def block(mode: str) -> float:
+    def block(mode: str, count: int = 0):
+        """The median step of one block in this mode; with `count`, the Python and C calls per step
+        over `count` steps instead (sys.setprofile: a measure the host's load does not move)."""
         rec = numerics = installed = None
         ctx = contextlib.nullcontext()
         prefix = "base_" if mode.startswith("base_") else ""
@@ -152,21 +155,34 @@ def run_inprocess(args) -> dict[str, list[float]]:
         elif mode == "detect_anomaly":
             ctx = torch.autograd.detect_anomaly(check_nan=True)
         times = []
+        calls = {"python": 0, "c": 0}
+
+        def counter(frame, event, arg):
+            if event == "call":
+                calls["python"] += 1
+            elif event == "c_call":
+                calls["c"] += 1
+
         try:
             with ctx:
-                for i in range(args.warmup + args.steps):
+                for i in range(args.warmup + (count or args.steps)):
                     sync()
+                    if count and i == args.warmup:
+                        sys.setprofile(counter)
                     t0 = clock()
                     step()
                     sync()
                     if i >= args.warmup:
                         times.append(clock() - t0)
+                sys.setprofile(None)
         finally:
             if installed is not None:
                 installed.remove()
                 numerics.close()
         if mode.endswith("traced_nan") and not numerics.checked_steps:
             raise SystemExit("the --nan hooks did not run: the benchmark would measure nothing")
+        if count:
+            return {kind: round(n / count, 1) for kind, n in calls.items()}
         if rec is not None and hasattr(rec, "overhead"):  # what the report states (newer tracers)
             own[mode].append(rec.overhead()["per_step_ms"])
         return statistics.median(times)
@@ -182,6 +198,8 @@ def run_inprocess(args) -> dict[str, list[float]]:
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {results[m][-1] * 1e3:.2f} ms" for m in modes),
               file=sys.stderr, flush=True)
     args.own = {m: round(statistics.median(v), 4) if v else None for m, v in own.items()}
+    if args.count_calls:
+        args.calls = {mode: block(mode, count=args.count_calls) for mode in modes}
     return results
 
 
@@ -240,6 +258,9 @@ def main() -> None:
     p.add_argument("--script-loss", action="store_true",
                    help="in-process only: compute the loss in this file (recorded by trace's loss watch)")
     p.add_argument("--mode", choices=("inprocess", "processes"), default="inprocess")
+    p.add_argument("--count-calls", type=int, default=0, metavar="STEPS",
+                   help="in-process: also count the Python and C calls per step of each mode over STEPS steps "
+                        "(sys.setprofile; independent of the host's load)")
     p.add_argument("--compare", metavar="DIR", help="in-process: also time the tracer of another checkout of this "
                    "project (`git worktree add /tmp/base COMMIT`) in the same rounds, as base_traced and "
                    "base_traced_nan; implies --script-loss (the loss computed in this file for both)")
@@ -283,6 +304,7 @@ def main() -> None:
         "targets": {"traced_added": 0.05, "nan_over_anomaly": 0.2},
         # the fastest block per mode: on a loaded host other tenants only ever add time
         "min_ms": {m: round(min(v) * 1e3, 3) for m, v in results.items()},
+        **({"calls_per_step": args.calls} if getattr(args, "calls", None) else {}),
         **({"base_traced_added": round((med["base_traced"] - plain) / plain, 4),
             "base_traced_added_ms": round((med["base_traced"] - plain) * 1e3, 4),
             "base_nan_over_anomaly": round((med["base_traced_nan"] - plain) / (med["detect_anomaly"] - plain), 4)}

@@ -236,3 +236,19 @@ def test_plus_and_minus_inf_values_from_min_and_max():
     assert nonfinite_value(-inf, 3.0) == "-inf" and nonfinite_value(1.0, inf) == "inf"
     assert nonfinite_value(-inf, inf) == "inf and -inf" and nonfinite_value(float("nan"), 1.0) == "nan"
     assert combined_value(["-inf", "inf"]) == "inf and -inf" and combined_value(["-inf", "nan"]) == "nan"
+
+
+def test_nanhunt_under_inference_mode_localises_instead_of_crashing():
+    """Inference tensors keep no version counter: reading it raised 'Inference tensors do not track
+    version counter' from inside the hooks. They are now reduced without trusting a version."""
+    import torch
+
+    from troubleshooter.engine.nanhunt import nanhunt
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("inf")
+    with torch.inference_mode(), nanhunt(model) as hunt:
+        model(torch.ones(2, 4))
+        found = hunt.step()
+    assert found["forward"]["module"] == "0" and found["forward"]["class"] == "Linear"

@@ -243,3 +243,57 @@ def test_the_loss_watch_records_the_scripts_ops_only_and_the_tracer_times_itself
     assert rec.own_s > 0 and cost["total_s"] >= 0
     assert overhead_line({"overhead": cost}).startswith(f"Tracing added about {cost['per_step_ms']:.3g} ms per step (")
     assert overhead_line({"overhead": Recorder(steps=1).overhead()}) is None  # no step: nothing to state
+
+
+def test_a_remembered_line_is_the_frames_own_and_a_traced_frame_is_read_afresh():
+    import sys
+
+    from troubleshooter.trace.locate import _lines, line_of
+
+    def here():
+        return line_of(sys._getframe(1))
+
+    start = sys._getframe().f_lineno
+    lines = [here() for _ in range(3)]  # one call site, read once and remembered
+    other = here()  # another call site of the same function: its own line
+    assert lines == [start + 1] * 3 and other == start + 2
+    before = len(_lines)
+    sys.settrace(lambda *a: None)  # a debugger's tracer: the frame's line is read, not remembered
+    try:
+        frame = sys._getframe()
+        frame.f_trace = lambda *a: None
+        assert line_of(frame) == frame.f_lineno
+    finally:
+        sys.settrace(None)
+        frame.f_trace = None
+    assert len(_lines) == before
+
+
+def test_a_clip_over_parameters_unscale_did_not_reach_is_amp101_with_its_counts():
+    from torch import nn
+
+    from troubleshooter.trace.patches import install
+    from troubleshooter.trace.recorder import Recorder
+
+    rec = Recorder(steps=100)
+    installed = install(rec)
+    try:
+        a, b = nn.Linear(3, 1), nn.Linear(3, 1)
+        opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        x = torch.ones(2, 3)
+        for _ in range(2):
+            scaler.scale((a(x) + b(x)).sum()).backward()
+            scaler.unscale_(opt_a)  # opt_b's gradients are still scaled at the clip
+            torch.nn.utils.clip_grad_norm_([*a.parameters(), *b.parameters()], 1.0)
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+    finally:
+        installed.remove()
+    clips = [v for v in rec.violations if v["rule"] == "AMP101"]
+    assert len(clips) == 2 and clips[0]["data"] == {"scaled_params": 2}
+    assert "(2 of 4 parameters not unscaled)" in clips[0]["message"]
+    assert rec.steps == 4 and [s["scale"] for s in rec.series] == [65536.0] * 4  # read as get_scale() gives it

@@ -29,6 +29,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from .locate import _cache as _user_files
 from .locate import is_user_file
 
 LOG: dict[str, Any] = {"frameworks": [], "fsdp": [], "lightning_scheduler_steps": [], "framework_scalers": 0}
@@ -65,7 +66,8 @@ def entered_by_framework(depth: int = 2) -> bool:
     outside = 0
     while frame is not None:
         name = frame.f_code.co_filename
-        if is_user_file(name):
+        known = _user_files.get(name)  # is_user_file's cache, read here: it runs per autocast entered
+        if known or (known is None and is_user_file(name)):
             return outside > 1
         if not name.endswith("contextlib.py"):
             outside += 1

@@ -267,8 +267,10 @@ class Numerics:
 
     def _keep_inputs(self, module, args, kwargs):
         first = args[0] if args else None
-        device = first.device.type if type(first) is torch.Tensor else next(
-            (t.device.type for t in _tensors(args)), "cpu")
+        if type(first) is torch.Tensor:
+            device = "cpu" if first.is_cpu else first.device.type  # is_cpu: no device object made
+        else:
+            device = next((t.device.type for t in _tensors(args)), "cpu")
         try:
             ac = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         except (RuntimeError, TypeError):
@@ -280,8 +282,14 @@ class Numerics:
     def _keep_output_grads(self, module, args, output) -> None:
         if not torch.is_grad_enabled():
             return None
-        outs = [t for t in _tensors(output) if t.requires_grad]
-        if sum(t.numel() for t in outs) > MAX_KEPT_OUTPUT_ELEMENTS:
+        if type(output) is torch.Tensor:  # the usual output, without the generic walk (every step)
+            outs = [output] if output.requires_grad else []
+        else:
+            outs = [t for t in _tensors(output) if t.requires_grad]
+        size = 0
+        for t in outs:
+            size += t.numel()
+        if size > MAX_KEPT_OUTPUT_ELEMENTS:
             return None  # e.g. a large vocabulary's logits: the re-run then localises the forward only
         for i, t in enumerate(outs):
             node = t.grad_fn

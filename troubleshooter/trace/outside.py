@@ -23,7 +23,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..engine.collapse import op_name as _op_name
-from .locate import is_user_file
+from .locate import _cache as _user_files
+from .locate import is_user_file, line_of
 
 MAX_OPS = 256  # per optimizer step: a frozen perceptual-loss network must not grow the list forever
 MAX_KEPT_ELEMENTS = 16 * 2**20  # per step: tensor elements kept alive until the optimizer step
@@ -46,13 +47,26 @@ def _skipped_caller(filename: str) -> bool:
     return hit
 
 
+def _top_mode():
+    """The innermost TorchFunctionMode on this thread's stack, or None."""
+    n = _stack_len()
+    return _stack_at(n - 1) if n else None
+
+
+_STRIDED = torch.strided
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_push_mode = torch._C._push_on_torch_function_stack
+_pop_mode = torch._C._pop_torch_function_stack
+
+
 def _floating(obj, depth: int = 0) -> list[torch.Tensor]:
     """Dense floating tensors among an op's arguments or results (one level of lists/tuples);
     a plain loop, not a generator: it runs for every op while the watch is armed."""
     out = []
     for x in (obj if isinstance(obj, (list, tuple)) else (obj,)):
         if isinstance(x, torch.Tensor):
-            if x.is_floating_point() and x.layout == torch.strided and not x.is_meta and x.numel():
+            if x.is_floating_point() and x.layout == _STRIDED and not x.is_meta and x.numel():
                 out.append(x)
         elif depth < 1 and isinstance(x, (list, tuple)):
             out += _floating(x, depth + 1)
@@ -86,6 +100,7 @@ class OutsideOps(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.armed = False
+        self._pushed = 0  # pushes by arm() not popped by disarm() since
         self.records: list[dict] = []
         self.dropped = 0
         self.kept_elements = 0
@@ -96,17 +111,18 @@ class OutsideOps(TorchFunctionMode):
     # -- arming --------------------------------------------------------------------------
     def disarm(self) -> None:
         """Pop the mode if it is on top; under a mode the script pushed since, only stop recording
-        (popping would take the script's mode away) and pop it at a later disarm."""
+        (popping would take the script's mode away) and pop it at a later disarm. Called several
+        times a step: without a push of ours pending it asks torch nothing."""
         self.armed = False
-        n = torch._C._len_torch_function_stack()
-        if n and torch._C._get_function_stack_at(n - 1) is self:
-            self.__exit__(None, None, None)
+        if self._pushed and _top_mode() is self:
+            _pop_mode()
+            self._pushed -= 1
 
     def arm(self, autocast: str | None = None) -> None:
         self.autocast = autocast
-        n = torch._C._len_torch_function_stack()
-        if not (n and torch._C._get_function_stack_at(n - 1) is self):
-            self.__enter__()
+        if not (self._pushed and _top_mode() is self):
+            _push_mode(self)  # what TorchFunctionMode.__enter__ does, without its two Python frames
+            self._pushed += 1
         self.armed = True
 
     def clear(self) -> None:
@@ -123,20 +139,27 @@ class OutsideOps(TorchFunctionMode):
         # this runs for every op (and tensor attribute read) while armed: inlined, no generators
         started = perf_counter()
         name = getattr(func, "__name__", "")
+        if name == "__get__":  # a tensor attribute read (`out.shape`), not an op
+            self.meter.own_s += perf_counter() - started
+            return func(*args, **kwargs)
         caller = sys._getframe(1)
         filename = caller.f_code.co_filename
         skipped = _skip_cache.get(filename)
         if skipped is None:
             skipped = _skipped_caller(filename)
-        if skipped or name == "__get__" or len(self.records) >= MAX_OPS:
-            if not skipped and name != "__get__":
+        if skipped or len(self.records) >= MAX_OPS:
+            if not skipped:
                 self.dropped += 1
             self.meter.own_s += perf_counter() - started
             return func(*args, **kwargs)
         try:
-            inputs = _floating(args)
-            if kwargs:
-                inputs += _floating(list(kwargs.values()))
+            inputs = []  # _floating() of the arguments, its usual flat case inline (every op)
+            for x in (*args, *kwargs.values()) if kwargs else args:
+                if isinstance(x, torch.Tensor):
+                    if x.is_floating_point() and x.layout == _STRIDED and not x.is_meta and x.numel():
+                        inputs.append(x)
+                elif isinstance(x, (list, tuple)):
+                    inputs += _floating(x, 1)
             inplace = (name[-1:] == "_" and name[:2] != "__") or name in _INPLACE_DUNDERS
             # an in-place op overwrites its input: judge that one now (rare in loss code)
             in_flag = _all_finite(inputs) if inplace and inputs else None
@@ -157,31 +180,35 @@ class OutsideOps(TorchFunctionMode):
         """Only what must be taken now (references, version counters, the user's line); names and
         dtypes are worked out if the step is ever scanned."""
         if type(out) is torch.Tensor:
-            if not out.is_floating_point() or out.layout != torch.strided or out.is_meta or not out.numel():
+            if not out.is_floating_point() or out.layout != _STRIDED or out.is_meta:
                 return
-            outputs = [out]
+            size = out.numel()
+            if not size:
+                return
+            outputs = [(out, out._version)]
         else:
-            outputs = _floating(out)
+            outputs = [(t, t._version) for t in _floating(out)]
             if not outputs:
                 return
-        size = 0
-        for t in outputs:
-            size += t.numel()
+            size = 0
+            for t, _ in outputs:
+                size += t.numel()
+        kept = []
         if not inplace:
             for t in inputs:
                 size += t.numel()
+                kept.append((t, t._version))
         if self.kept_elements + size > MAX_KEPT_ELEMENTS:
             self.dropped += 1
             return
         self.kept_elements += size
         code = caller.f_code
-        where = ((code.co_filename, caller.f_lineno, getattr(code, "co_qualname", code.co_name))
-                 if is_user_file(code.co_filename) else _user_frame_from(caller.f_back))
+        known = _user_files.get(code.co_filename)
+        where = ((code.co_filename, line_of(caller), getattr(code, "co_qualname", code.co_name))
+                 if known or (known is None and is_user_file(code.co_filename)) else _user_frame_from(caller.f_back))
         self.records.append({
-            "func": func, "args": args, "kwargs": kwargs,
-            "inputs": [] if inplace else [(t, t._version) for t in inputs],
-            "outputs": [(t, t._version) for t in outputs], "in_finite": in_flag,
-            "where": where, "inplace": inplace, "autocast": self.autocast})
+            "func": func, "args": args, "kwargs": kwargs, "inputs": kept, "outputs": outputs,
+            "in_finite": in_flag, "where": where, "inplace": inplace, "autocast": self.autocast})
 
     @staticmethod
     def _intended(r: dict) -> bool:
@@ -287,7 +314,7 @@ def _user_frame_from(frame) -> tuple[str | None, int | None, str | None]:
     while frame is not None:
         code = frame.f_code
         if is_user_file(code.co_filename):  # co_qualname: "FocalLoss.forward", not "forward"
-            return code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)
+            return code.co_filename, line_of(frame), getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back
     return None, None, None
 

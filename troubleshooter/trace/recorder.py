@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .frameworks import entered_by_framework
-from .locate import _cache as _user_files, is_user_file, user_frame
+from .locate import _cache as _user_files, is_user_file, line_of, user_frame
 
 MAX_EVENTS_PER_STEP = 100
 MAX_VIOLATIONS = 500
@@ -41,6 +41,8 @@ class TraceTimeout(BaseException):
 
 def _autocast_now() -> str | None:
     """The autocast dtype active on cpu or cuda right now, or None."""
+    if not _any_autocast():  # one call into torch instead of two or three: the usual answer
+        return None
     for dev in ("cuda", "cpu"):
         try:
             if torch.is_autocast_enabled(dev):
@@ -48,6 +50,9 @@ def _autocast_now() -> str | None:
         except (RuntimeError, TypeError, AttributeError):
             continue
     return None
+
+
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 class Recorder:
@@ -129,7 +134,7 @@ class Recorder:
                 if known or (known is None and is_user_file(code.co_filename)):
                     break
                 frame = frame.f_back
-            where = (code.co_filename, frame.f_lineno, code.co_name) if frame is not None else (None, None, None)
+            where = (code.co_filename, line_of(frame), code.co_name) if frame is not None else (None, None, None)
         path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
@@ -241,7 +246,8 @@ class Recorder:
             return
         if self.before_backward is not None:
             self.before_backward(self)
-        self.maybe_stop()
+        if self.stop_pending:
+            self.maybe_stop()
         entry = self.scaled_outputs.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
         scaled_by = entry[1] if entry is not None and entry[0]() is tensor else None
         ev = self.event("backward", scaled=scaled_by is not None)
@@ -325,21 +331,25 @@ class Recorder:
         self.unscaled_optimizers.append(optimizer)  # its parameters are read if a clip asks
 
     def on_scaler_step_enter(self, scaler, optimizer) -> dict:
-        self.maybe_stop()
+        """The frame kept while the step runs says whether the scaler is enabled: the optimizer's
+        hooks and the exit read it there rather than asking the scaler three more times a step."""
+        if self.stop_pending:
+            self.maybe_stop()
         if self.before_update is not None:
             self.before_update(self, optimizer)
         ev = self.event("scaler.step")
         self._note_optimizer(optimizer)
-        if self.scaler_step_where is None and _scaler_enabled(scaler):
+        enabled = _scaler_enabled(scaler)
+        if self.scaler_step_where is None and enabled:
             self.scaler_step_where = {"path": ev["path"], "line": ev["line"]}
         key = (id(scaler), id(optimizer))
-        if _scaler_enabled(scaler):
+        if enabled:
             if self.scaler_stage.get(key) == "stepped":
                 self.violation("AMP113", ev, "scaler.step(optimizer) is called again before scaler.update(): "
                                "the previous step was never followed by update()")
             self._check_unscaled_backward(ev)
         self._check_autocast_at_step(ev)
-        frame = {"scaler": scaler, "optimizer": optimizer, "ran": False, "ev": ev}
+        frame = {"scaler": scaler, "optimizer": optimizer, "ran": False, "ev": ev, "enabled": enabled}
         self.in_scaler_step.append(frame)
         return frame
 
@@ -348,7 +358,7 @@ class Recorder:
         scaler = frame["scaler"]
         self.scaler_stage[(id(scaler), id(frame["optimizer"]))] = "stepped"
         self.scaler_stepped_since_update[id(scaler)] = True
-        if not _scaler_enabled(scaler):
+        if not frame["enabled"]:
             return
         self.scaler_steps += 1
         if not frame["ran"]:  # GradScaler found inf/NaN gradients and skipped optimizer.step()
@@ -362,7 +372,7 @@ class Recorder:
 
     def _check_unscaled_backward(self, ev: dict) -> None:
         """AMP115: the scaler unscales gradients that no scaled backward produced."""
-        if self.backwards and not any(b["scaled"] for b in self.backwards) and "AMP115" not in self.step_flagged:
+        if self.backwards and not _any_scaled(self.backwards) and "AMP115" not in self.step_flagged:
             self.step_flagged.add("AMP115")
             self.violation("AMP115", self.backwards[0]["ev"], "backward() ran on an unscaled loss, then the "
                            f"GradScaler ({ev['kind']}) unscaled (divided) those gradients by the loss scale",
@@ -370,8 +380,8 @@ class Recorder:
 
     def on_scaler_update_pre(self, scaler) -> None:
         """AMP109 before torch's own assertion can stop the script."""
-        if not _scaler_enabled(scaler) or self.scaler_stepped_since_update.get(id(scaler), False):
-            return
+        if self.scaler_stepped_since_update.get(id(scaler), False) or not _scaler_enabled(scaler):
+            return  # the usual case first: a scaler.step() since the last update
         if self.update_mark.get(id(scaler), 0) != self.steps:
             return  # an optimizer step happened since the last update (directly: AMP116's business)
         ev = self.event("scaler.update")
@@ -428,25 +438,25 @@ class Recorder:
             self.in_scaler_step[-1]["ran"] = True
             ev = self.in_scaler_step[-1]["ev"]
         else:
-            self.maybe_stop()
+            if self.stop_pending:
+                self.maybe_stop()
             if self.before_update is not None:
                 self.before_update(self, optimizer)
             ev = self.event("optimizer.step", optimizer=type(optimizer).__name__)
             self._check_autocast_at_step(ev)
-            if self.scaled_pending or any(b["scaled"] for b in self.backwards):
+            if self.scaled_pending or _any_scaled(self.backwards):
                 self.violation("AMP116", ev, "optimizer.step() is called directly after a scaled backward: "
                                "it applies gradients still multiplied by the loss scale and ignores inf/NaN")
         if id(optimizer) not in self.checked_optimizers:
             self.checked_optimizers.add(id(optimizer))
             self._check_half_params(optimizer, ev)
-        scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
-        if self.before_step is not None and not (scaler is not None and _scaler_enabled(scaler)):
+        if self.before_step is not None and not (self.in_scaler_step and self.in_scaler_step[-1]["enabled"]):
             self.before_step(self, optimizer)  # no GradScaler checked these gradients
 
     def on_optimizer_post(self, optimizer) -> None:
-        scaler = self.in_scaler_step[-1]["scaler"] if self.in_scaler_step else None
-        via = scaler is not None and _scaler_enabled(scaler)
-        self.complete_step(skipped=False, via_scaler=via, scaler=scaler if via else None)
+        frame = self.in_scaler_step[-1] if self.in_scaler_step else None
+        via = frame is not None and frame["enabled"]
+        self.complete_step(skipped=False, via_scaler=via, scaler=frame["scaler"] if via else None)
 
     def _check_autocast_at_step(self, ev: dict) -> None:
         ac = _autocast_now()
@@ -514,7 +524,7 @@ class Recorder:
         if key is not None and read is not None and read[0] is loss and read[1] == key:
             return read[2]  # read already this step (before the optimizer wrote): no second sync
         try:
-            value = float(loss.float().item())
+            value = float(loss.item() if loss.dtype is torch.float32 else loss.float().item())
         except Exception:  # noqa: BLE001 - a loss tensor in an odd state must not break the trace
             return None
         if key is not None:
@@ -534,8 +544,9 @@ class Recorder:
         read = self._scale_read
         if key is not None and read is not None and read[0] is t and read[1] == key:
             return read[2]
-        try:
-            value = float(scaler.get_scale())
+        try:  # what the stock GradScaler.get_scale() returns, without its two calls
+            value = float(t.item() if key is not None and type(scaler).get_scale is _GET_SCALE
+                          and scaler._enabled is True else scaler.get_scale())
         except Exception:  # noqa: BLE001 - before the first scale() the scale may not exist yet
             return None
         if key is not None:
@@ -560,10 +571,16 @@ class Recorder:
         ev = self.event(kind)
         if not self.scaled_pending:
             return
-        with_grad = [p for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
-        unscaled = {id(p) for opt in self.unscaled_optimizers for p in _params_of(opt)}
-        still = [p for p in with_grad if id(p) not in unscaled]
+        # every step, so per parameter only in C (map, set): usually unscale_ reached them all
+        unscaled: set[int] = set()
+        for opt in self.unscaled_optimizers:
+            for group in getattr(opt, "param_groups", ()):
+                unscaled.update(map(id, group.get("params", ())))
+        if unscaled.issuperset(map(id, params)):
+            return
+        still = [p for p in params if id(p) not in unscaled and isinstance(p, torch.Tensor) and p.grad is not None]
         if still:
+            with_grad = [p for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
             self.violation("AMP101", ev, f"{kind} runs on gradients still multiplied by the loss scale "
                            f"({len(still)} of {len(with_grad)} parameters not unscaled): the clip threshold "
                            "is effectively divided by the scale", scaled_params=len(still))
@@ -601,6 +618,14 @@ class Recorder:
                 self.half_at[id(p)] = where
 
 
+def _any_scaled(backwards: list[dict]) -> bool:
+    """A backward of this iteration ran on a GradScaler's output (a loop: runs every step)."""
+    for b in backwards:
+        if b["scaled"]:
+            return True
+    return False
+
+
 def _scaler_enabled(scaler) -> bool:
     enabled = getattr(scaler, "_enabled", None)  # what GradScaler.is_enabled() returns: ~10 calls a step
     if type(enabled) is bool and type(scaler).is_enabled is _IS_ENABLED:
@@ -612,6 +637,7 @@ def _scaler_enabled(scaler) -> bool:
 
 
 _IS_ENABLED = torch.amp.GradScaler.is_enabled
+_GET_SCALE = torch.amp.GradScaler.get_scale
 
 
 def first_param(optimizer) -> torch.Tensor | None:
