@@ -96,6 +96,27 @@ def test_scheduler_stepping_on_skipped_steps_and_skip_rate():
     assert r["scale"][0] == pytest.approx(1e38, rel=1e-6) and r["scale"][-1] < r["scale"][0] / 8
 
 
+def test_a_fused_optimizers_skipped_steps_are_counted():
+    """GradScaler calls a fused optimizer's step() even on inf/NaN gradients (the kernel skips the
+    update): the trace counted such steps as taken ("skipped steps: none" beside a halving scale)
+    and missed the scheduler stepping on them. The scale's backoff in update() now tells them."""
+    r = trace("helpers", "--mistake", "sched_on_skip", "--init-scale", "1e38", "--optimizer", "adamw_fused")
+    assert r["skipped_steps"] == [0, 1, 2, 3, 4]
+    assert by_rule(r, "AMP107")["severity"] == "warning"
+
+
+def test_a_scheduler_a_framework_stepped_on_a_fused_skip_is_amp145():
+    from troubleshooter.trace.framework_report import adjust
+
+    raw = {"framework": {"frameworks": [{"framework": "accelerate", "scaler": True}], "framework_schedulers": 3,
+                         "framework_scalers": 1},
+           "precision": {"scalers": [1]},
+           "series": [{"step": 0, "skipped": True, "fused_step": True}, {"step": 1, "skipped": True}],
+           "violations": [{"rule": "AMP107", "message": "stepped", "data": {"skipped_step": s}} for s in (0, 1)]}
+    rules = [v["rule"] for v in adjust(raw)["violations"]]
+    assert rules == ["AMP145", "AMP133"]  # the fused skip is Accelerate's blind spot; the other, the script's
+
+
 # -- mistakes in another file: a trainer class, a make_model() that calls .half() ------------
 def test_trainer_class_in_another_file():
     r = trace("trainer")

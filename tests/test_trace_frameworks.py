@@ -29,11 +29,13 @@ MISSING = [m for m in ("accelerate", "lightning") if importlib.util.find_spec(m)
 # id: (script, args, steps, {rule: (severity, line)} expected, rules that must not appear, extra env)
 CASES = {
     "accelerate-buggy": ("accelerate_fp16.py", ["--init-scale", "1e30"], 6,
-                         {"AMP130": ("error", 37), "AMP133": ("warning", 39), "AMP261": ("info", 18)}, {"AMP104"}, {}),
+                         {"AMP130": ("error", 39), "AMP133": ("warning", 41), "AMP261": ("info", 20)}, {"AMP104"}, {}),
+    "accelerate-fused": ("accelerate_fp16.py", ["--clean", "--fused", "--init-scale", "1e30"], 5,
+                         {"AMP145": ("warning", 41), "AMP261": ("info", 20)}, {"AMP133", "AMP107"}, {}),
     "lightning-manual-buggy": ("lightning_manual.py", [], 4, {"AMP130": ("error", 28), "AMP261": ("info", None)},
                                {"AMP104", "AMP105"}, {}),
-    "accelerate-clean": ("accelerate_fp16.py", ["--clean"], 5, {"AMP261": ("info", 18)}, set(), {}),
-    "accelerate-not-emulated": ("accelerate_fp16.py", ["--clean"], 4, {"AMP260": ("info", 18)}, {"AMP261"},
+    "accelerate-clean": ("accelerate_fp16.py", ["--clean"], 5, {"AMP261": ("info", 20)}, set(), {}),
+    "accelerate-not-emulated": ("accelerate_fp16.py", ["--clean"], 4, {"AMP260": ("info", 20)}, {"AMP261"},
                                 {"TROUBLESHOOTER_TRACE_EMULATE": "0"}),
     "accelerate-bf16": ("accelerate_fp16.py", ["--clean", "--mixed-precision", "bf16"], 4, {}, {"AMP260", "AMP261"}, {}),
     "lightning-manual-clean": ("lightning_manual.py", ["--clean"], 4, {"AMP261": ("info", None)}, {"AMP104", "AMP105"}, {}),

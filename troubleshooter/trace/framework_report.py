@@ -54,11 +54,21 @@ def adjust(raw: dict) -> dict:
     name = NAMES.get(owner.get("framework"), owner.get("framework") or "the framework")
     lightning_steps = set(fw.get("lightning_scheduler_steps") or [])
     mapped = _framework_scalers_only(raw)
+    # steps a fused optimizer skipped inside its own step(): Accelerate (and the HF Trainer on it) took them
+    # for taken ones, so the scheduler it steps "only after an applied step" advanced (AMP145)
+    fused_skips = {s["step"] for s in raw.get("series") or [] if s.get("fused_step") and s.get("skipped")}
+    unseen = owner.get("framework") in ("accelerate", "hf_trainer")
     out = []
     for v in raw.get("violations") or []:
         v = dict(v)
         if v["rule"] == "AMP107" and (v.get("data") or {}).get("skipped_step") in lightning_steps:
             fw.setdefault("lightning_stepped_on_skip", []).append(v)  # reported as AMP262 (info), not as the user's
+            continue
+        if v["rule"] == "AMP107" and unseen and (v.get("data") or {}).get("skipped_step") in fused_skips:
+            v.update(rule="AMP145", message=f"{v['message']}: the optimizer is fused, so GradScaler called its step() "
+                     f"and the kernel skipped the update; {name} took the step for a taken one and its "
+                     "scheduler advanced (huggingface/accelerate#4242)")
+            out.append(v)
             continue
         if mapped and v["rule"] in FRAMEWORK_RULE:
             v.update(rule=FRAMEWORK_RULE[v["rule"]], message=f"{v['message']} ({name}'s GradScaler; the same mistake "

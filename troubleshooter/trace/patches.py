@@ -158,7 +158,7 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             rec.own_s += perf_counter() - started
             out = orig(self, new_scale)
             started = perf_counter()
-            rec.on_scaler_update(self, before, rec.scale_of(self))
+            rec.on_scaler_update(self, before, rec.scale_of(self), explicit=new_scale is not None)
             rec.own_s += perf_counter() - started
             return out
         return update

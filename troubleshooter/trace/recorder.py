@@ -365,6 +365,10 @@ class Recorder:
             if self.after_skip is not None:
                 self.after_skip(self)
             self.complete_step(skipped=True, via_scaler=True, scaler=scaler)
+        elif getattr(frame["optimizer"], "_step_supports_amp_scaling", False) and self.series:
+            # a fused optimizer: GradScaler calls its step() even on inf/NaN (the kernel skips the
+            # update), so only the scale's backoff in update() tells a skipped step
+            self.series[-1]["fused_step"] = True
 
     def _check_unscaled_backward(self, ev: dict) -> None:
         """AMP115: the scaler unscales gradients that no scaled backward produced."""
@@ -384,14 +388,29 @@ class Recorder:
         self.violation("AMP109", ev, "scaler.update() is called without a scaler.step() since the "
                        "previous update() (once per micro-batch instead of once per optimizer step)")
 
-    def on_scaler_update(self, scaler, before: float | None, after: float | None) -> None:
+    def on_scaler_update(self, scaler, before: float | None, after: float | None, explicit: bool = False) -> None:
         self.event("scaler.update", scale_before=before, scale_after=after)
         self.update_mark[id(scaler)] = self.steps
         self.scaler_stepped_since_update[id(scaler)] = False
         for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
             del self.scaler_stage[key]
         if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
-            self.series[-1]["scale_after"] = after
+            rec = self.series[-1]
+            rec["scale_after"] = after
+            if rec.get("fused_step") and not rec["skipped"] and not explicit and before is not None and after < before:
+                self._skipped_inside_step(rec)
+
+    def _skipped_inside_step(self, rec: dict) -> None:
+        """The fused optimizer's step ran but its kernel skipped the update (the scale backed off):
+        the step is a skipped one, as if GradScaler had not called it."""
+        rec["skipped"] = True
+        for entry in reversed(self.timeline):
+            if entry.get("step") == rec["step"]:
+                entry["skipped"] = True
+                break
+        self.last_step_skipped = True
+        if self.after_skip is not None:
+            self.after_skip(self)
 
     # -- optimizer -----------------------------------------------------------------------
     def _note_optimizer(self, optimizer) -> None:
