@@ -246,3 +246,33 @@ def test_nothing_the_script_starts_outlives_the_trace(tmp_path):
     assert r["exit"]["status"] == "finished", r["exit"]
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2 and not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def test_two_fused_optimizers_on_one_scaler_each_have_their_own_skip(tmp_path):
+    """One update() lowers the scale when either optimizer found inf/NaN, but GradScaler skips only
+    that optimizer's update: each fused step's own found_inf says which one was skipped."""
+    script = tmp_path / "gan.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)\n"
+        "opt_g = torch.optim.AdamW(g.parameters(), lr=1e-3, fused=True)\n"
+        "opt_d = torch.optim.AdamW(d.parameters(), lr=1e-3, fused=True)\n"
+        "scaler = torch.amp.GradScaler('cpu', init_scale=1024.0)\n"
+        "for step in range(3):\n"
+        "    x = torch.randn(8, 4)\n"
+        "    with torch.autocast('cpu', dtype=torch.float16):\n"
+        "        loss_d = d(x).float().mean()\n"
+        "        loss_g = g(x).float().pow(2).mean()\n"
+        "    scaler.scale(loss_d).backward()\n"
+        "    scaler.scale(loss_g).backward()\n"
+        "    d.weight.grad[0, 0] = float('inf')  # only the discriminator overflows\n"
+        "    scaler.step(opt_d)\n"
+        "    scaler.step(opt_g)\n"
+        "    scaler.update()\n"
+        "    opt_d.zero_grad(); opt_g.zero_grad()\n")
+    from troubleshooter.trace import trace_script
+
+    r = trace_script(script, [], steps=6, timeout_s=90)
+    taken = [(s["step"], s["skipped"]) for s in r["timeline"] if "skipped" in s]
+    assert taken == [(0, True), (1, False), (2, True), (3, False), (4, True), (5, False)], taken

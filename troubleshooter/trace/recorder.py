@@ -112,6 +112,7 @@ class Recorder:
         self.manual_fp16_backwards = 0
         self.losses: list[torch.Tensor] = []
         self.series: list[dict] = []  # per completed step: skipped, scale, loss
+        self._fused_pending: dict[int, list] = {}  # scaler id -> [(series record, its found_inf tensor)] until update()
         self.started = time.monotonic()
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -367,8 +368,9 @@ class Recorder:
             self.complete_step(skipped=True, via_scaler=True, scaler=scaler)
         elif getattr(frame["optimizer"], "_step_supports_amp_scaling", False) and self.series:
             # a fused optimizer: GradScaler calls its step() even on inf/NaN (the kernel skips the
-            # update), so only the scale's backoff in update() tells a skipped step
+            # update); its found_inf (or, without one, the scale's backoff) is read at update()
             self.series[-1]["fused_step"] = True
+            self._fused_pending.setdefault(id(scaler), []).append((self.series[-1], frame.get("found_inf")))
 
     def _check_unscaled_backward(self, ev: dict) -> None:
         """AMP115: the scaler unscales gradients that no scaled backward produced."""
@@ -395,20 +397,26 @@ class Recorder:
         for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
             del self.scaler_stage[key]
         if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
-            rec = self.series[-1]
-            rec["scale_after"] = after
-            if rec.get("fused_step") and not rec["skipped"] and not explicit and before is not None and after < before:
-                self._skipped_inside_step(rec)
+            self.series[-1]["scale_after"] = after
+        pending = self._fused_pending.pop(id(scaler), None)
+        if pending:
+            backed_off = not explicit and before is not None and after is not None and after < before
+            for rec, found in pending:
+                # the scale is read already (a host sync): found_inf's value costs no further wait
+                skipped = bool(found.item()) if found is not None else backed_off and len(pending) == 1
+                if skipped and not rec["skipped"]:
+                    self._skipped_inside_step(rec)
 
     def _skipped_inside_step(self, rec: dict) -> None:
-        """The fused optimizer's step ran but its kernel skipped the update (the scale backed off):
-        the step is a skipped one, as if GradScaler had not called it."""
+        """The fused optimizer's step ran but its kernel skipped the update: the step is a skipped
+        one, as if GradScaler had not called it."""
         rec["skipped"] = True
         for entry in reversed(self.timeline):
             if entry.get("step") == rec["step"]:
                 entry["skipped"] = True
                 break
-        self.last_step_skipped = True
+        if rec is self.series[-1]:
+            self.last_step_skipped = True
         if self.after_skip is not None:
             self.after_skip(self)
 
@@ -435,8 +443,12 @@ class Recorder:
     def on_optimizer_pre(self, optimizer) -> None:
         self._note_optimizer(optimizer)
         if self.in_scaler_step:
-            self.in_scaler_step[-1]["ran"] = True
-            ev = self.in_scaler_step[-1]["ev"]
+            frame = self.in_scaler_step[-1]
+            frame["ran"] = True
+            ev = frame["ev"]
+            found = getattr(optimizer, "found_inf", None)  # set by GradScaler for a fused optimizer's step
+            if found is not None:
+                frame["found_inf"] = found
         else:
             if self.stop_pending:
                 self.maybe_stop()
