@@ -673,3 +673,10 @@ def test_the_speedup_table_lists_a_precision_the_budget_left_untimed():
               "skipped": {"fp16": "one fp16 step is expected to take about 4.0 s here, more than the 1.2 s left"}}
     rows = {r[0]: r[-1] for r in table_rows(result)}
     assert rows["fp16"].startswith("not timed: one fp16 step") and rows["tf32"].startswith("unavailable")
+
+
+def test_advice_to_rerun_with_the_nan_hooks_names_where_they_exist():
+    """The trace's "rerun with --nan" named a command-line flag the page and the API do not have."""
+    text = "parameters were already non-finite when the hooks were attached (0.weight), so an earlier step made them - rerun with --nan"
+    assert "--nan" not in common.for_page(text).replace("`trace --nan`", "")
+    assert "command line" in common.for_page(text) and "/trace endpoint" in common.for_api(text)

@@ -179,6 +179,8 @@ _CLI_ADVICE = [
     (r"`python -m troubleshooter speedup`", "the Speedup check tab", "the /speedup endpoint"),
     (r"run `python -m troubleshooter lint [^`]*`", "diagnose the script (the Diagnose a script tab)",
      "lint the script (the /lint endpoint)"),
+    (r"rerun with --nan\b", "trace it from the command line with `trace --nan` (the page traces without the NaN hooks)",
+     "trace it from the command line with `trace --nan` (the /trace endpoint runs without the NaN hooks)"),
     (r"--steps\b", "steps", "steps"),
     (r"--autocast-policy host", "choose \"this CPU's own\" under Autocast op lists",
      'pass autocast_policy="host"'),
