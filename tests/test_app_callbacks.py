@@ -677,6 +677,10 @@ def test_the_speedup_table_lists_a_precision_the_budget_left_untimed():
 
 def test_advice_to_rerun_with_the_nan_hooks_names_where_they_exist():
     """The trace's "rerun with --nan" named a command-line flag the page and the API do not have."""
-    text = "parameters were already non-finite when the hooks were attached (0.weight), so an earlier step made them - rerun with --nan"
+    from troubleshooter.ui.trace import finding_rows
+
+    text = "To find the step that made them, rerun with --nan. Keep the loss in float32."
     assert "--nan" not in common.for_page(text).replace("`trace --nan`", "")
     assert "command line" in common.for_page(text) and "/trace endpoint" in common.for_api(text)
+    rows = finding_rows({"findings": [{"rule": "AMP202", "severity": "error", "message": "m", "suggestion": text}]})
+    assert "the page traces without the NaN hooks" in rows[0][-1]

@@ -134,12 +134,13 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
                              "hooks before the optimizer step"}.get(
                 first.get("mode"), f"hooks attached after a non-finite step, re-checking steps "
                                    f"{numerics.get('rechecked_steps')}")}
-    message = f"{f.message} (step {first['step']})"
+    message, suggestion = f"{f.message} (step {first['step']})", f.suggestion
     before = first.get("parameters_nonfinite_before") or []
     if before:
         data["parameters_nonfinite_before"] = before
         message += (f"; inconclusive: parameters were already non-finite when the hooks were attached "
-                    f"({', '.join(before[:3])}), so an earlier step made them - rerun with --nan")
+                    f"({', '.join(before[:3])}), so an earlier step made them")
+        suggestion = f"To find the step that made them, rerun with --nan. {suggestion}".strip()
     where = first.get("where") or {}
     if where.get("module") is not None and where["module"] != f.location.module:
         data["source_module"] = where["module"]  # the enclosing module whose code the user wrote
@@ -151,7 +152,7 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
             where = {"path": back["path"], "line": back["line"]}
             data["located_at"] = "the backward() of the non-finite loss; the op that made it runs before"
     location = Location(path=where.get("path"), line=where.get("line"), module=f.location.module)
-    return [Finding(f.rule, f.name, f.severity, message, f.suggestion, location, f.precision, data)]
+    return [Finding(f.rule, f.name, f.severity, message, suggestion, location, f.precision, data)]
 
 
 def collapse_findings(numerics: dict) -> list[Finding]:

@@ -143,7 +143,7 @@ def finding_rows(result: dict) -> list[list]:
         detail = f.get("module") or ""
         rows.append([f.get("severity", "info") if f.get("severity") != "error" else "ERROR",
                      f"{f.get('rule', '')} ({SEEN_AT_RUN_TIME})", str(where), detail,
-                     f.get("message", ""), f.get("suggestion", "")])
+                     f.get("message", ""), common.for_page(f.get("suggestion", ""))])  # the message may quote the script
     return rows
 
 
