@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = """\
 # Generated from pyproject.toml by `python scripts/sync_requirements.py`: change versions there.
 # Everything (linter, engine, app), the same as `pip install ".[all]"` without installing the package.
-# torch is a range so your own CUDA build satisfies it; on a CPU-only machine,
-# `pip install torch==2.13.0` (or the CPU wheel of your choice) first keeps the download small.
+# torch is a range so your own CUDA build satisfies it; on a CPU-only Linux machine, install the CPU
+# wheel first (`pip install torch --index-url https://download.pytorch.org/whl/cpu`): PyPI's Linux
+# torch is the CUDA build, several GB with its libraries.
 """
 
 
