@@ -17,7 +17,7 @@ from ..errors import SpecError
 from ..workload import Workload
 from . import batches, estimate, yamlspec
 from .optim import OptimizerConfig
-from .quick_check import check_preset, precheck, problem_error  # noqa: F401 - precheck: still importable here
+from .quick_check import check_preset, problem_error
 from .presets import get_preset, parse_preset_string
 from .source import SpecSource
 

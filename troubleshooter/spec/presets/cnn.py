@@ -7,7 +7,7 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .shapes import cnn_size as size, cnn_validate as validate
+from .shapes import checks
 
 
 class BasicBlock(nn.Module):
@@ -67,9 +67,8 @@ def make_batch(cfg: dict, batch_size: int, device, gen):
 
 PRESET = Preset(
     **entry("cnn"),
+    **checks("cnn"),
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,
-    validate=validate,
-    size=size,
 )

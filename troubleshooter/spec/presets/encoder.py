@@ -7,7 +7,7 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .shapes import bert_size, check_heads, validate_vit, vit_size
+from .shapes import checks
 from .transformer import Block, init_weights
 
 
@@ -74,19 +74,17 @@ def vit_batch(cfg: dict, batch_size: int, device, gen):
 
 BERT = Preset(
     **entry("bert"),
+    **checks("bert"),
     build=build_bert,
     make_batch=bert_batch,
     loss_fn=batches.cross_entropy_last_dim,
-    validate=check_heads,
     seq_len=lambda cfg: cfg["seq_len"],
-    size=bert_size,
 )
 
 VIT = Preset(
     **entry("vit"),
+    **checks("vit"),
     build=build_vit,
     make_batch=vit_batch,
     loss_fn=batches.cross_entropy_last_dim,
-    validate=validate_vit,
-    size=vit_size,
 )

@@ -7,7 +7,7 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .shapes import check_heads, gpt_size as size
+from .shapes import checks
 from .transformer import Block, init_weights
 
 
@@ -52,11 +52,10 @@ def flops_per_step(cfg: dict, n_params: int) -> float:
 
 PRESET = Preset(
     **entry("gpt"),
+    **checks("gpt"),
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,
-    validate=check_heads,
     seq_len=lambda cfg: cfg["seq_len"],
     flops_per_step=flops_per_step,
-    size=size,
 )

@@ -6,7 +6,7 @@ from torch import nn
 from .. import batches
 from . import Preset
 from .catalogue import entry
-from .shapes import ACTIVATIONS, mlp_size as size
+from .shapes import ACTIVATIONS, checks
 
 _ACT = dict(zip(ACTIVATIONS, (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh)))
 
@@ -30,9 +30,8 @@ def make_batch(cfg: dict, batch_size: int, device, gen):
 
 PRESET = Preset(
     **entry("mlp"),
-    choices={"activation": ACTIVATIONS},
+    **checks("mlp"),
     build=build,
     make_batch=make_batch,
     loss_fn=batches.cross_entropy_last_dim,
-    size=size,
 )

@@ -118,7 +118,13 @@ _SHAPES = {
 }
 
 
+def checks(name: str) -> dict[str, Any]:
+    """`Preset(**entry(name), **checks(name), build=...)`: its choices, checks and size formula,
+    the ones `shape(name)` gives the server, so the two cannot drift apart."""
+    return dict(_SHAPES[name])
+
+
 def shape(name: str) -> Shape:
     """The checkable side of preset `name` (a KeyError for an unknown one: the caller names it)."""
     description, params = CATALOGUE[name]
-    return Shape(name, description, dict(params), **_SHAPES[name])
+    return Shape(name, description, dict(params), **checks(name))
