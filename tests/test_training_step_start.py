@@ -65,3 +65,36 @@ def test_a_module_that_refuses_deepcopy_is_rebuilt_from_the_seed():
     b, _ = start.build(torch.device("cpu"))
     assert torch.equal(a.lin.weight, b.lin.weight) and a is not b
     assert len(builds) == 3  # the kept build, then a seeded rebuild per copy that could not be made
+
+
+def test_inside_shared_start_build_copies_one_build_and_leaves_the_rng_as_a_fresh_build_would():
+    from troubleshooter.engine.training_step import shared_start
+
+    builds = []
+    w = _workload(builds=builds)
+    fresh, _ = build(w, torch.device("cpu"), seed=5)
+    after_fresh = torch.rand(3)
+    with shared_start(w, seed=5):
+        copies = [build(w, torch.device("cpu"), seed=5) for _ in range(3)]
+        after_copy = torch.rand(3)
+        other_seed, _ = build(w, torch.device("cpu"), seed=6)  # another seed: a fresh build
+    assert len(builds) == 1 + 1 + 1
+    assert torch.equal(after_copy, after_fresh)  # batches and dropout masks as before
+    for model, _ in copies:
+        assert all(torch.equal(a, b) for a, b in zip(_weights(model), _weights(fresh)))
+    assert not torch.equal(_weights(other_seed)[0], _weights(fresh)[0])
+    build(w, torch.device("cpu"), seed=5)  # outside: fresh again
+    assert len(builds) == 4
+
+
+def test_a_build_that_lands_off_the_cpu_is_not_kept(monkeypatch):
+    """A user's build_model() that returns a GPU model: keeping it would hold GPU memory."""
+    from troubleshooter.engine import training_step
+
+    monkeypatch.setattr(training_step, "_on_cpu", lambda model: False)
+    builds = []
+    start = SeededStart(_workload(builds=builds), seed=0)
+    a, _ = start.build(torch.device("cpu"))
+    b, _ = start.build(torch.device("cpu"))
+    assert len(builds) == 2 and a is not b
+    assert torch.equal(_weights(a)[0], _weights(b)[0])
