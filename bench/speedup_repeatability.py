@@ -81,7 +81,12 @@ def compare(first: dict, second: dict) -> dict:
         b = second["results"].get(p, {}).get("speedup_vs_fp32")
         if p == "fp32" or a is None or b is None:
             continue
+        cold = [i for i, run in enumerate((first, second), 1) if run["results"][p].get("first_step_only")]
         out[p] = {"run1": a, "run2": b, "rel_diff": abs(a - b) / ((a + b) / 2),
+                  # a figure from a cold first step only (kernel loading) is one the check itself
+                  # does not rank: comparing it says nothing about repeatability
+                  "not_comparable": (f"run {' and '.join(map(str, cold))} timed from a cold first step only"
+                                     if cold else None),
                   "run1_paired": first["results"][p].get("speedup_vs_fp32_paired"),
                   "run2_paired": second["results"][p].get("speedup_vs_fp32_paired"),
                   "run1_spread": first["results"][p]["spread"], "run2_spread": second["results"][p]["spread"]}

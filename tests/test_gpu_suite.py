@@ -403,3 +403,18 @@ def test_the_profile_counts_each_kernel_once_not_under_its_op_and_itself(tmp_pat
     assert [r[0] for r in ops["rows"]] == ["aten::mm", "aten::add_"]
     assert ops["rows"][0][3] == pytest.approx(30 / 36) and "busy 100% of it" in ops["note"]
     assert len(kernels["rows"][0][0]) == 110 and kernels["rows"][0][0].endswith("…")
+
+
+def test_repeatability_does_not_judge_a_figure_from_a_cold_first_step():
+    """The check refuses to rank a precision timed only from its first step (kernel loading):
+    the suite's repeatability target must not count it either (H200 run of 2026-11-28: 175%)."""
+    compare = _bench("speedup_repeatability").compare
+
+    def run(bf16, cold):
+        return {"results": {"fp32": {"speedup_vs_fp32": 1.0, "spread": 0.0},
+                            "bf16": {"speedup_vs_fp32": bf16, "spread": 0.01, "first_step_only": cold}}}
+
+    warm = compare(run(3.99, False), run(3.90, False))["bf16"]
+    assert warm["not_comparable"] is None and warm["rel_diff"] < 0.05
+    cold = compare(run(0.257, True), run(3.99, False))["bf16"]
+    assert cold["not_comparable"] == "run 1 timed from a cold first step only"

@@ -101,6 +101,34 @@ def test_disabled_scaler_counts_as_present(tmp_path):
     assert r.to_dict()["scaler"]["present"] and r.findings == []
 
 
+@pytest.mark.parametrize("scaler_entry, key, fmt, scale", [
+    # apex.amp.state_dict(), as NVIDIA's apex README saves it (apex/amp/frontend.py)
+    ({"amp": {"loss_scaler0": {"loss_scale": 32768.0, "unskipped": 12}}}, "amp", "apex", 32768.0),
+    ({"scaler": {"scale": 1024.0}}, "scaler", "scale only", 1024.0),
+    ({"grad_scaler": {"scale": torch.tensor(512.0)}}, "grad_scaler", "scale only", 512.0),
+])
+def test_other_ways_of_saving_the_loss_scale_count_as_scaler_state(tmp_path, scaler_entry, key, fmt, scale):
+    """A checkpoint that kept its loss scale another way than GradScaler.state_dict() is not
+    'missing scaler state' (no AMP110), and a scale tensor is not reported as model weights."""
+    model, opt, sched = trained(half=True)
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "scheduler": sched.state_dict(), **scaler_entry})
+    r = inspect_checkpoint(path)
+    sc = r.to_dict()["scaler"]
+    assert sc["present"] and sc["key"] == key and sc["format"] == fmt and sc["scale"] == scale
+    assert "AMP110" not in rules(r)
+    assert [m["key"] for m in r.to_dict()["models"]] == ["model"]
+    assert f"GradScaler state: yes at {key}" in r.to_text()
+
+
+def test_a_dict_with_a_scale_under_another_key_is_not_scaler_state(tmp_path):
+    model, opt, sched = trained(half=True)
+    path = save(tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "scheduler": sched.state_dict(), "augment": {"scale": 1.5}})
+    r = inspect_checkpoint(path)
+    assert not r.to_dict()["scaler"]["present"] and "AMP110" in rules(r)
+
+
 def test_refuses_pickled_code_and_non_checkpoints(tmp_path):
     model, _, _ = trained()
     with pytest.raises(UserError, match="refused: .* needs code to be unpickled"):

@@ -85,6 +85,8 @@ def test_every_problem_reported_with_its_line():
     assert "line 9: input.colour: unknown key 'colour'" in joined
     assert "line 10: loss:" in joined
     assert len(problems) == 7, problems
+    # listed in the order of the file's lines, as a reader fixes them
+    assert [int(p.split(":")[0].removeprefix("line ")) for p in problems] == [4, 5, 6, 7, 8, 9, 10]
 
 
 def test_shape_mismatch_found_on_meta_names_the_layer():

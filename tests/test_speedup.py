@@ -252,3 +252,22 @@ def test_a_precision_too_slow_for_the_budget_is_timed_from_its_warm_up():
     assert fp16["speedup_vs_fp32"] == pytest.approx(res["results"]["fp32"]["median_ms"] / fp16["median_ms"])
     assert fp16["speedup_vs_fp32_paired"] is None
     assert res["settings"]["elapsed_s"] < 2.5 + 3.0
+
+
+def test_time_spent_adds_up_to_the_elapsed_time(result):
+    """The breakdown an inconclusive verdict points to covers the whole run, part by part."""
+    st = result["settings"]
+    spent = st["time_spent_s"]
+    assert set(spent) == {"start_up", "model_builds", "first_steps", "warm_up_steps", "rounds", "other"}
+    assert all(v >= 0 for v in spent.values())
+    assert spent["rounds"] > 0 and spent["first_steps"] > 0
+    assert sum(spent.values()) == pytest.approx(st["elapsed_s"], abs=0.01)
+    assert "time spent: " in sp.format_text(result) and "interleaved rounds" in sp.format_text(result)
+
+
+def test_a_budget_spent_in_warm_up_says_where_it_went():
+    """A verdict left inconclusive for want of rounds names the costs that ate the budget."""
+    res = run_speedup(tiny(slow_in="bf16"), device="cpu", precisions="fp32,bf16", budget_s=1.0)
+    assert res["verdict"]["level"] == "inconclusive"
+    where = [r for r in res["verdict"]["reasons"] if r.startswith("where the budget went: ")]
+    assert len(where) == 1 and "first steps" in where[0]

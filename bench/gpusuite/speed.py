@@ -105,9 +105,10 @@ def run_speedup(ctx, res, compile_: bool = False) -> None:
                 verdicts.append([label, i, v["level"], v.get("best_precision"), v.get("speedup"),
                                  run["settings"]["rounds"], run["settings"]["elapsed_s"], v["recommendation"]])
             for p, c in compare(*runs).items():
-                ok = c["rel_diff"] <= REPEAT_TARGET
-                repeat.append([label, p, c["run1"], c["run2"], f"{c['rel_diff']:.1%}", ok])
-                res.target(f"{label} {p}: two runs agree", f"within {REPEAT_TARGET:.0%}", f"{c['rel_diff']:.1%}", ok)
+                ok = None if c["not_comparable"] else c["rel_diff"] <= REPEAT_TARGET
+                diff = f"{c['rel_diff']:.1%}" + (f" ({c['not_comparable']})" if c["not_comparable"] else "")
+                repeat.append([label, p, c["run1"], c["run2"], diff, "n/a" if ok is None else ok])
+                res.target(f"{label} {p}: two runs agree", f"within {REPEAT_TARGET:.0%}", diff, ok)
         if runs and not compile_ and preset == ctx.sizes.reference_model:
             with res.step(f"{label}: against torch.utils.benchmark"):
                 ref = reference(workload, list(runs[0]["results"]), ctx.sizes.reference_min_run_s, ctx.device)

@@ -26,7 +26,7 @@ from .autocast_policy import autocast_policy as cuda_policy_on_cpu, banned_findi
     describe as describe_policy
 from .lowp_emulation import describe as describe_emulation, half_on_float32
 from .threads import cpu_threads
-from .training_step import is_oom, release
+from .training_step import is_oom, release, shared_start
 
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_BUDGET_S = 60.0  # the whole run, for library callers (run_check, check_source)
@@ -207,7 +207,8 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     try:
         with cuda_policy_on_cpu(dev, policy) as policy_run, cpu_threads(dev) as threads, \
                 half_on_float32(dev) as emulation:  # numerics of half precision in float32's time
-            result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
+            with shared_start(workload, seed):  # the checks' models: one build, copied
+                result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
         untrack(token)
     result["device"]["autocast_policy"] = describe_policy(policy_run, policy, str(dev))

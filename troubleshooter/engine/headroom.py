@@ -21,6 +21,7 @@ from ..workload import Workload
 from . import precision as prec
 from . import scaled_grads
 from .budget import expected_step_s, fits
+from .training_step import build
 from .module_kind import overflow_fix
 from .results import FP16_MAX, HeadroomResult  # noqa: F401 - the class crosses to the app torch-free
 
@@ -140,9 +141,7 @@ def measure(workload: Workload, device: torch.device, seed: int = 0, deadline: f
             progress(fraction, f"headroom: {message}")
 
     say(0.0, "fp32 reference step with hooks")
-    torch.manual_seed(seed)
-    model = workload.build_model().to(device)
-    model.train()
+    model, _ = build(workload, device, seed)
     batch = workload.batch(device, seed=seed)
     names = {m: n for n, m in model.named_modules()}
     leaves = {n: not any(True for _ in m.children()) for n, m in model.named_modules()}

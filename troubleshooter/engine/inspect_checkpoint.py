@@ -59,9 +59,7 @@ class InspectReport:
                                                  if opt["present"] else "no"))
         sc = f["scaler"]
         if sc["present"]:
-            lines.append(f"  GradScaler state: yes at {sc['key'] or '<top level>'}" + (
-                f" (scale {sc['scale']:g}, growth tracker {sc.get('growth_tracker')})" if sc.get("scale") is not None
-                else " (empty: the scaler was disabled)"))
+            lines.append(f"  GradScaler state: yes at {sc['key'] or '<top level>'}" + _scaler_text(sc))
         else:
             lines.append("  GradScaler state: no")
         sch = f["scheduler"]
@@ -77,6 +75,18 @@ class InspectReport:
         for finding in self.findings:
             lines.append(f"  {finding.text_line()}")
         return "\n".join(lines) + "\n"
+
+
+def _scaler_text(sc: dict) -> str:
+    if sc.get("scale") is None:
+        return " (empty: the scaler was disabled)"
+    if sc.get("format") == "apex":
+        return f" (apex.amp's loss scaler: scale {sc['scale']:g})"
+    if sc.get("format") == "scale only":
+        return (f" (the scale only: {sc['scale']:g}; without the growth tracker a resumed run restarts its "
+                "growth count, which is harmless)")
+    tracker = sc.get("growth_tracker")
+    return f" (scale {sc['scale']:g}, growth tracker {int(tracker) if tracker is not None else None})"
 
 
 def _dtypes_text(d: dict) -> str:
@@ -192,13 +202,45 @@ def _is_scaler(d: Any) -> bool:
     return isinstance(d, dict) and "scale" in d and ("growth_factor" in d or "_growth_tracker" in d)
 
 
+def _scalar(v: Any) -> float | None:
+    if isinstance(v, torch.Tensor):
+        return float(v) if v.numel() == 1 and v.is_floating_point() else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _scaler_format(path: tuple, d: Any) -> str | None:
+    """How a loss scaler's state was saved, or None when `d` is not one: 'torch'
+    (GradScaler.state_dict()), 'apex' (apex.amp.state_dict(): {'loss_scaler0': {'loss_scale',
+    'unskipped'}}), or 'scale only' (a scaler key holding just the scale, as hand-written
+    checkpoints do)."""
+    if _is_scaler(d):
+        return "torch"
+    if not isinstance(d, dict) or not d:
+        return None
+    if all(re.fullmatch(r"loss_scaler\d+", str(k)) and isinstance(v, dict) and _scalar(v.get("loss_scale")) is not None
+           for k, v in d.items()):
+        return "apex"
+    scale = d.get("scale", d.get("loss_scale"))
+    if (path and path[-1].lower() in SCALER_KEYS and _scalar(scale) is not None
+            and set(d) <= {"scale", "loss_scale", "_growth_tracker", "growth_tracker"}):
+        return "scale only"
+    return None
+
+
+def _saved_scale(fmt: str, d: dict) -> float | None:
+    if fmt == "apex":
+        return _scalar(d[sorted(d)[0]].get("loss_scale"))
+    return _scalar(d.get("scale", d.get("loss_scale")))
+
+
 def _is_scheduler(d: Any) -> bool:
     return isinstance(d, dict) and "last_epoch" in d and any(k in d for k in ("base_lrs", "_step_count", "_last_lr"))
 
 
 def _walk(obj: Any, path: tuple = (), depth: int = 0) -> Iterator[tuple[tuple, Any]]:
     yield path, obj
-    if depth >= MAX_DEPTH or _is_tensor_map(obj) or _is_optimizer(obj) or _is_scaler(obj) or _is_scheduler(obj):
+    if (depth >= MAX_DEPTH or _is_tensor_map(obj) or _is_optimizer(obj) or _scaler_format(path, obj)
+            or _is_scheduler(obj)):
         return
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -280,12 +322,13 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectReport:
                         "with model/optimizer state)")
     all_tensors = list(_tensors(obj))
     nodes = list(_walk(obj))
-    if not all_tensors and not any(_is_scaler(d) or _is_scheduler(d) or _is_optimizer(d) for _, d in nodes):
+    scalers = [(p, d, kind) for p, d in nodes if (kind := _scaler_format(p, d))]
+    if not all_tensors and not (scalers or any(_is_scheduler(d) or _is_optimizer(d) for _, d in nodes)):
         raise UserError(f"{path} contains no tensors: it is not a model checkpoint")
 
-    maps = [(p, d) for p, d in nodes if _is_tensor_map(d)]
+    scaler_ids = {id(d) for _, d, _ in scalers}
+    maps = [(p, d) for p, d in nodes if _is_tensor_map(d) and id(d) not in scaler_ids]
     optimizers = [(p, d) for p, d in nodes if _is_optimizer(d)]
-    scalers = [(p, d) for p, d in nodes if _is_scaler(d)]
     disabled_scalers = [(p, d) for p, d in nodes
                         if isinstance(d, dict) and not d and p and p[-1].lower() in SCALER_KEYS]
     schedulers = [(p, d) for p, d in nodes if _is_scheduler(d)]
@@ -315,10 +358,11 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectReport:
                           "empty_state": not state})
     scaler: dict[str, Any] = {"present": bool(scalers or disabled_scalers)}
     if scalers:
-        p, d = scalers[0]
-        scale = d.get("scale")
-        scaler.update({"key": _label(p), "scale": float(scale) if scale is not None else None,
-                       "growth_tracker": d.get("_growth_tracker"), "growth_factor": d.get("growth_factor"),
+        p, d, kind = scalers[0]
+        tracker = d.get("_growth_tracker", d.get("growth_tracker"))
+        scaler.update({"key": _label(p), "format": kind, "scale": _saved_scale(kind, d),
+                       "growth_tracker": tracker if tracker is None or isinstance(tracker, int) else _scalar(tracker),
+                       "growth_factor": d.get("growth_factor"),
                        "backoff_factor": d.get("backoff_factor"), "growth_interval": d.get("growth_interval")})
     elif disabled_scalers:
         scaler.update({"key": _label(disabled_scalers[0][0]), "scale": None, "enabled": False})

@@ -31,7 +31,7 @@ from .device_info import describe_device
 from .speedup_stats import paired_speedups
 from .timing import StepTimer, summarize
 from .budget import StepCosts
-from .training_step import build, is_oom, release, training_step
+from .training_step import SeededStart, is_oom, release, training_step
 from .verdict import make_verdict
 
 DEFAULT_BUDGET_S = 20.0  # a verdict, or an honest "inconclusive", in 20 s; --budget for more
@@ -153,9 +153,12 @@ def _profiled_step_peak(step: Callable[[], Any]) -> int:
 class _Runner:
     """One precision's model, optimizer and scaler, built from the shared seed."""
 
-    def __init__(self, workload: Workload, precision: str, device: torch.device, seed: int, compile: bool):
+    def __init__(self, workload: Workload, precision: str, device: torch.device, start: SeededStart,
+                 compile: bool, last: bool = False):
         self.workload, self.precision, self.device = workload, precision, device
-        self.model, self.optimizer = build(workload, device, seed)
+        t0 = time.perf_counter()
+        self.model, self.optimizer = start.build(device, last=last)
+        self.build_seconds = time.perf_counter() - t0
         self.step_model = torch.compile(self.model) if compile else self.model
         self.scaler = prec.make_scaler(precision, device)
         self.losses: list[float | None] = []
@@ -238,7 +241,8 @@ def run_speedup(
     model built) counts those fixed costs against the budget too."""
     if not isinstance(budget_s, (int, float)) or not math.isfinite(budget_s) or budget_s <= 0:
         raise UserError(f"--budget must be a positive number of seconds, got {budget_s!r}")
-    t_start = time.perf_counter() - (max(0.0, time.time() - started_at) if started_at is not None else 0.0)
+    t_enter = time.perf_counter()
+    t_start = t_enter - (max(0.0, time.time() - started_at) if started_at is not None else 0.0)
     deadline = t_start + budget_s - min(RESERVE_S, RESERVE_SHARE * budget_s)
     dev = prec.resolve_device(device)
     if isinstance(precisions, str):
@@ -258,6 +262,7 @@ def run_speedup(
     runners: dict[str, _Runner] = {}
     skipped: dict[str, str] = {}
     costs = StepCosts(workload.flops_per_step, dev)
+    start = SeededStart(workload, seed)
     warmup_steps = COMPILE_WARMUP_STEPS if compile else WARMUP_STEPS
     for i, p in enumerate(available):
         _emit(progress, 0.3 * i / max(1, len(available)), f"warming up {p}" + (" (compiling)" if compile else ""))
@@ -266,15 +271,16 @@ def run_speedup(
             skipped[p] = why
             continue
         try:
-            runners[p], _ = _prepare(workload, p, dev, seed, compile, batches, warmup_steps,
+            runners[p], _ = _prepare(workload, p, dev, start, compile, batches, warmup_steps,
                                      budget_s * WARMUP_SHARE / max(1, len(available)), deadline,
-                                     CHEAP_SHARE * budget_s)
+                                     CHEAP_SHARE * budget_s, last=i == len(available) - 1)
         except Exception as exc:  # noqa: BLE001 - one precision failing must not hide the others
             errors[p] = _error_text(exc, compile)
         if p in errors:
             release(dev)  # outside the except block: its traceback no longer pins the failed model
         elif p in runners and runners[p].warmup_seconds:
             costs.record(p, runners[p].warmup_seconds[-1])
+    spent = _warmup_spent(runners.values(), t_enter - t_start)
 
     warmup_s = time.perf_counter() - t_start
 
@@ -292,6 +298,7 @@ def run_speedup(
             samples[p] = [x * 1000.0 for x in (r.warmup_seconds[1:] or r.warmup_seconds)]
     if runners and not timed:
         stop_reason = "every precision was too slow for the budget: timed from one warm-up step each"
+    spent["rounds"] = time.perf_counter() - t_start - warmup_s
     elapsed = time.perf_counter() - t_start
 
     first = next(iter(runners.values()), None)
@@ -326,6 +333,10 @@ def run_speedup(
         first_step_only=[p for p, r in results.items() if r.get("first_step_only")],
     )
     verdict.reasons += [f"{p} was not timed: {why}" for p, why in skipped.items()]
+    spent["other"] = max(0.0, elapsed - sum(spent.values()))
+    spent = {k: round(v, 3) for k, v in spent.items()}
+    if verdict.level == "inconclusive" and rounds < MIN_SAMPLES:
+        verdict.reasons.append("where the budget went: " + describe_spent(spent))
     for p in list(runners):
         del runners[p]
     release(dev)
@@ -341,6 +352,7 @@ def run_speedup(
             "round_order": "shuffled per round (seeded)", "first_round_orders": orders[:5],
             "elapsed_s": round(elapsed, 3), "started_at_counted": started_at is not None,
             "budget_exceeded_s": round(elapsed - budget_s, 3) if elapsed > budget_s * 1.05 else None,
+            "time_spent_s": spent,
             "timer": "cuda events" if dev.type == "cuda" else "perf_counter after synchronize",
         },
         "results": results,
@@ -366,7 +378,36 @@ def speedup_source(source, allow_exec: bool = False, **kwargs: Any) -> dict[str,
     return run_with_workload(source, run_speedup, allow_exec=allow_exec, timeout_s=timeout, **kwargs)
 
 
-def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s, deadline=None, cheap_s=0.0):
+def _warmup_spent(runners, start_up_s: float) -> dict[str, float]:
+    """Seconds of the budget spent before the rounds, by kind: what an inconclusive verdict
+    points to (on a GPU the first step of each precision pays seconds of kernel loading)."""
+    runners = list(runners)
+    return {
+        "start_up": start_up_s,  # before the check began: importing torch, reading the spec
+        "model_builds": sum(r.build_seconds for r in runners),
+        "first_steps": sum(r.warmup_seconds[0] for r in runners if r.warmup_seconds),
+        "warm_up_steps": sum(sum(r.warmup_seconds[1:]) for r in runners),
+    }
+
+
+_SPENT_WORDS = {
+    "start_up": "start-up (importing torch, reading the model)",
+    "model_builds": "building the models",
+    "first_steps": "first steps (with one-time costs: kernel loading, library start-up, autotuning)",
+    "warm_up_steps": "more warm-up steps",
+    "rounds": "interleaved rounds",
+    "other": "the rest (device start-up, batches, memory release, alignment note, verdict)",
+}
+
+
+def describe_spent(spent: dict[str, float]) -> str:
+    """'start-up (...) 4.1 s, building the models 1.0 s, ...' for the parts that took time."""
+    parts = [f"{_SPENT_WORDS.get(k, k)} {v:.1f} s" for k, v in spent.items() if v >= 0.05]
+    return ", ".join(parts) or "nothing measurable"
+
+
+def _prepare(workload, p, dev, start, compile, batches, warmup_steps, share_s, deadline=None, cheap_s=0.0,
+             last=False):
     """Build, warm up and measure the memory of one precision; returns (runner, warm-up steps taken).
 
     The warm-up is cut short once it has eaten this precision's share of the budget (after one
@@ -379,7 +420,7 @@ def _prepare(workload, p, dev, seed, compile, batches, warmup_steps, share_s, de
         release(dev)
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-    runner = _Runner(workload, p, dev, seed, compile)
+    runner = _Runner(workload, p, dev, start, compile, last=last)
     spent, n = 0.0, 0
     while n < warmup_steps:
         batch = batches[n % len(batches)]
@@ -611,6 +652,8 @@ def format_text(result: dict[str, Any]) -> str:
     lines.append(f"{st['rounds']} interleaved rounds in {st['elapsed_s']:.1f} s (budget {st['budget_s']:g} s; "
                  f"stopped: {st['stopped_because']}); up to {st['warmup_steps']} warm-up steps discarded; "
                  f"timer: {st['timer']}")
+    if st.get("time_spent_s"):
+        lines.append("time spent: " + describe_spent(st["time_spent_s"]))
     if st.get("budget_exceeded_s"):
         lines.append(f"note: the budget was exceeded by {st['budget_exceeded_s']:.1f} s "
                      "(a step that had started is always finished)")

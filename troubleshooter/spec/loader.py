@@ -146,8 +146,7 @@ def _finish(*, name: str, label: str, build: Callable[[], nn.Module], make_batch
                 state_dict = _strip_wrapper_prefix(meta_model, state_dict)
                 problems += _compare_state_dict(meta_model, state_dict, weights)
     if problems:
-        raise SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec",
-                        problems)
+        raise problem_error(label, problems)
     flops = flops_fn(run.params) if flops_fn is not None else run.flops_per_step
     summary = {**summary, "batch_size": batch_size, "seq_len": seq_len,
                **run.to_dict(optimizer.state_floats_per_param()), "flops_per_step": flops,

@@ -6,6 +6,8 @@ classes and go through the loader.
 """
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from ..errors import SpecError
@@ -16,7 +18,15 @@ from .source import SpecSource
 
 
 def problem_error(label: str, problems: list[str]) -> SpecError:
-    return SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec", problems)
+    """One error listing every problem, in the order of the spec's lines (the checks find them
+    in another order); problems without a line come last, as found."""
+    ordered = sorted(problems, key=_line_of)
+    return SpecError(f"{label}: {len(problems)} problem{'s' if len(problems) > 1 else ''} in the spec", ordered)
+
+
+def _line_of(problem: str) -> float:
+    match = re.match(r"line (\d+):", problem)
+    return int(match.group(1)) if match else math.inf
 
 
 def check_preset(name: str, overrides: dict[str, Any], limits: Limits, *, label: str,

@@ -194,10 +194,10 @@ def analyse(code: str | None, data: bytes | None, name: str | None, select: str 
     """Runs in the lint worker: read, lint and fix; the result, without the download files (the
     server writes those)."""
     from ..lint.engine import active_rules, lint_unit
+    from ..lint.fix import apply_fixes
 
     script = read_script(code, data, name)
     name, unit = script.name, script.unit
-    lint = _lint()
     report = lint_unit(unit, active_rules((select or "").strip() or None, (ignore or "").strip() or None))
     findings = ordered(report.findings)
     errors = list(report.errors)
@@ -218,9 +218,8 @@ def analyse(code: str | None, data: bytes | None, name: str | None, select: str 
         "notebook": notebook,
         "fixable": sorted({f.rule for f in findings if f.rule in _fixable()}),
     }
-    if not notebook and not errors:
-        fixed = lint.fix_text(unit.text, path=name, select=(select or "").strip() or None,
-                              ignore=(ignore or "").strip() or None)
+    if not notebook and not errors and result["fixable"]:
+        fixed = apply_fixes(unit.text, report, name)  # the fixes of this lint: no second one
         applied = list(fixed.applied or [])
         if applied and fixed.fixed_text != unit.text:
             result.update(fixed_text=fixed.fixed_text, diff=fixed.diff, applied=[_describe_fix(a) for a in applied],
