@@ -21,7 +21,7 @@ from troubleshooter.trace.recorder import STEADY_AFTER, Recorder, _same_pattern
 
 FIX = Path(__file__).parent / "fixtures" / "trace" / "steady"
 LOSS_LOG_LINE = 7  # losses.py: the torch.log that meets 0 on a planted step
-BACKWARD_LINE = 33  # train.py: scaler.scale(loss).backward()
+BACKWARD_LINE = 37  # train.py: scaler.scale(loss).backward()
 
 
 def _trace(*args: str, steady: bool = True) -> dict:
@@ -151,3 +151,18 @@ def test_a_non_finite_loss_op_that_comes_back_is_named_where_the_full_tracer_nam
     assert [(Path(f["path"]).name, f["line"], f["step"]) for f in hit] == [("losses.py", LOSS_LOG_LINE, 6)]
     assert hit[0]["data"]["first_seen"] == {"step": 5, "instruments": "steady", "localised": False}
     assert "first seen at step 5" in hit[0]["message"]
+
+
+def test_a_module_that_overflows_on_a_steady_step_is_named_on_that_step_as_before():
+    # the forward's inputs are kept in steady state too: GradScaler's skip re-runs the forward
+    # with the hooks, so a module's float16 overflow is localised on its first occurrence
+    args = ("--fp16-from", "0", "--overflow-at", "5")
+    steady, full = _trace(*args), _trace(*args, steady=False)
+    assert {t["step"]: t.get("instruments") for t in steady["timeline"]}[5] == "steady"
+
+    def nonfinite(report):
+        return [(f["rule"], f["module"], f["step"], f["message"]) for f in report["findings"]
+                if f["rule"] in ("AMP202", "AMP205", "AMP206")]
+
+    assert nonfinite(steady) == nonfinite(full) and nonfinite(full)[0][1:3] == ("0", 5)
+    assert steady["nan"]["steady_unlocalised"] == []

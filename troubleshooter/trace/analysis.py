@@ -162,43 +162,42 @@ STEADY_WHY = ("the step ran in steady state (after {after} identical clean steps
 
 def steady_findings(numerics: dict, findings: list[Finding], timeline: list[dict]) -> list[Finding]:
     """A non-finite loss or gradient first seen on a steady-state step, where the instruments
-    that would have named its op or module were standing down. Named at a later step: that
-    finding says where it was first seen. Never again: a finding at that step's backward() that
-    says plainly it was not localised (the next occurrence would have been)."""
+    that would have named its op or module were standing down. Named at a later step by the
+    same kind of reading (a loss op outside the model for a loss the model's re-run forward did
+    not explain; a backward for gradients): that finding says where it was first seen. Otherwise a
+    finding at that step's backward() that says plainly it was not localised."""
     misses = numerics.get("steady_unlocalised") or []
     if not misses:
         return findings
     miss = misses[0]
     step = miss["step"]
-    after = (numerics.get("steady_after") or 3)
-    why = STEADY_WHY.format(after=after)
-    nonfinite = [f for f in findings if f.rule in NONFINITE_RULES]
-    if any(isinstance(f.data.get("step"), int) and f.data["step"] < step for f in nonfinite):
-        return findings  # localised on an earlier step: the steady one repeated it
-    if nonfinite:
-        out = []
-        for f in findings:
-            if f in nonfinite:
-                f = Finding(f.rule, f.name, f.severity,
-                            f"{f.message}; first seen at step {step}, where it was not localised: {why}",
-                            f.suggestion, f.location, f.precision,
-                            {**f.data, "first_seen": {"step": step, "instruments": "steady", "localised": False}})
-            out.append(f)
-        return out
+    why = STEADY_WHY.format(after=numerics.get("steady_after") or 3)
     loss_bad = miss.get("nonfinite") == "loss"
+    nonfinite = [f for f in findings if f.rule in NONFINITE_RULES]
+    if any(isinstance(f.data.get("step"), int) and f.data["step"] <= step for f in nonfinite):
+        return findings  # localised on that step (a module's forward re-run) or an earlier one
+    later = next((f for f in nonfinite if (f.data.get("made_outside_model") and f.data.get("phase") == "forward"
+                                           if loss_bad else f.data.get("phase") == "backward" or f.rule == "AMP212")),
+                 None)
+    if later is not None:
+        noted = Finding(later.rule, later.name, later.severity,
+                        f"{later.message}; first seen at step {step}, where it was not localised: {why}",
+                        later.suggestion, later.location, later.precision,
+                        {**later.data, "first_seen": {"step": step, "instruments": "steady", "localised": False}})
+        return [noted if f is later else f for f in findings]
     back = _backward_of_step(timeline, step) or {}
     precision = {"float16": "fp16", "bfloat16": "bf16"}.get(miss.get("autocast"), "fp32")
-    what = (f"the loss of step {step} was non-finite ({miss.get('loss')})" if loss_bad
-            else f"the gradients of step {step} were non-finite (the loss {miss.get('loss')} was finite)")
+    what = (f"the loss of step {step} was non-finite ({miss.get('loss')})"
+            if loss_bad else f"the gradients of step {step} were non-finite (the loss {miss.get('loss')} was finite)")
     data = {"seen": SEEN, "step": step, "phase": "forward" if loss_bad else "backward", "loss_finite": not loss_bad,
             "localised": False, "instruments": "steady", "standing_down": miss.get("standing_down"),
-            "localised_from": "the next such step", "where": "loss or model"}
+            "localised_from": "the next such step"}
     if back.get("path"):
         data["located_at"] = "the backward() of that step; the op or module that made it is not named"
     rule, name = ("AMP205", "nonfinite-in-forward") if loss_bad else ("AMP206", "nonfinite-in-backward")
     return findings + [Finding(
         rule, name, Severity.ERROR,
-        f"{what} and it was not localised: {why}; the op or module that makes it is named from the next such "
+        f"{what}, and it was not localised: {why}; the op or module that makes it is named from the next such "
         "step on, and it did not happen again while traced",
         "Rerun with --no-steady (or --nan) to name the op or module on its first occurrence.",
         Location(path=back.get("path"), line=back.get("line")), precision, data)]

@@ -363,6 +363,12 @@ class Numerics:
         rec.rearm()
         return steady
 
+    def _unlocalised(self) -> list[dict]:
+        """The steady misses that nothing localised later in the same step (a module's forward
+        re-run may still name it)."""
+        named = {e["step"] for e in self.events if is_real(e)}
+        return [m for m in self.steady_unlocalised if m["step"] not in named]
+
     def _steady_miss(self, rec: Recorder, loss: float | None, what: str) -> None:
         """A non-finite loss or gradient on a steady step that nothing localised: said plainly in
         the report; the instruments are armed again, so the next occurrence is localised."""
@@ -371,7 +377,8 @@ class Numerics:
             return
         self.steady_unlocalised.append({
             "step": rec.steps, "nonfinite": what,
-            "loss": None if loss is None else (loss if math.isfinite(loss) else ("nan" if loss != loss else "inf")),
+            "loss": None if loss is None else (loss if math.isfinite(loss) else
+                                               "nan" if math.isnan(loss) else "inf" if loss > 0 else "-inf"),
             "autocast": _autocast_of_step(rec.timeline[-1]),
             "standing_down": ["loss watch", "output-gradient keeper"]})
 
@@ -653,7 +660,7 @@ class Numerics:
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
                "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
                "outside": self.outside_event, "collapse": self.collapse_event,
-               "steady_unlocalised": self.steady_unlocalised, "steady_after": self.rec.steady_after or None}
+               "steady_unlocalised": self._unlocalised(), "steady_after": self.rec.steady_after or None}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out

@@ -435,6 +435,7 @@ class Recorder:
         """The fused optimizer's step ran but its kernel skipped the update: the step is a skipped
         one, as if GradScaler had not called it."""
         rec["skipped"] = True
+        self.rearm()  # judged clean at the step's end; the skip shows only now, at update()
         for entry in reversed(self.timeline):
             if entry.get("step") == rec["step"]:
                 entry["skipped"] = True
