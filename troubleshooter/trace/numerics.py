@@ -146,6 +146,7 @@ class Numerics:
         # steady-state steps that went non-finite while an instrument that would have localised
         # it was standing down (docs/trace.md, "Steady state"); the next such step is localised
         self.steady_unlocalised: list[dict] = []
+        self.steady_reruns = 0  # forward-only re-runs of steady steps not counted as re-runs
         if nan:  # --nan localises every step: nothing stands down
             rec.steady_after = 0
         rec.before_backward = self._end_outside
@@ -334,9 +335,9 @@ class Numerics:
                 self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
             if steady and not any(is_real(e) for e in self.events[found:]):
                 # no output gradient was kept for a backward re-run: the next such step gets one
-                self.reruns -= 1
-                self._steady_miss(rec, loss, "loss" if bad and loss is not None and not math.isfinite(loss)
-                                  else "gradients")
+                if self._steady_rerun_spared():
+                    self.reruns -= 1
+                self._steady_miss(rec, loss, "loss" if loss is not None and not math.isfinite(loss) else "gradients")
 
     def after_skip(self, rec: Recorder) -> None:
         """GradScaler skipped the step, so the parameters are untouched: re-run it with hooks (a few
@@ -351,7 +352,7 @@ class Numerics:
             self._rerun(rec, rec.peek_loss(), skipped=True)
         except Exception as exc:  # noqa: BLE001 - best effort; the re-check of later steps remains
             self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
-        if steady and not self.events[found:]:
+        if steady and not self.events[found:] and self._steady_rerun_spared():
             self.skip_reruns -= 1  # a forward-only re-run: the next skip gets the whole one
 
     # -- steady state ------------------------------------------------------------------------
@@ -362,6 +363,15 @@ class Numerics:
         steady = rec.recording_steady()
         rec.rearm()
         return steady
+
+    def _steady_rerun_spared(self) -> bool:
+        """A steady step's re-run (forward only) does not use up the whole re-runs the next such
+        step gets, a few times per run: each is a forward, and a run that skips often would
+        otherwise pay one every few steps."""
+        if self.steady_reruns >= MAX_SKIP_RERUNS:
+            return False
+        self.steady_reruns += 1
+        return True
 
     def _unlocalised(self) -> list[dict]:
         """The steady misses that nothing localised later in the same step (a module's forward
