@@ -21,6 +21,11 @@ variation on a shared VM is about +-10%, larger than the effects measured. Targe
     python bench/trace_overhead.py --device cuda --precision bf16 --rounds 5
     python bench/trace_overhead.py --compare /tmp/base --script-loss   # another checkout's tracer, same rounds
     python bench/trace_overhead.py --compare /tmp/base --count-calls 200  # + Python/C calls per step (load-free)
+    python bench/trace_overhead.py --compare /tmp/base --no-steady --warmup 5  # + this tracer with --no-steady
+
+Steady state (docs/trace.md): the traced modes reach it after 3 identical clean steps of a block
+(`--warmup` 5 leaves them out of the timed steps; the median of 60 would hardly move anyway);
+`--nan` never enters it.
 
 Short steps (a fixed per-step cost shows there): MLP presets of about 0.5, 2 and 5 ms per step on
 a 2-core CPU (`--preset mlp:in_features=64,hidden=64,depth=2,num_classes=8,batch_size=16`, ...,
@@ -92,6 +97,7 @@ def child(out: str, preset: str, device: str, precision: str, warmup: int, steps
 # -- in one process ------------------------------------------------------------------------------
 def run_inprocess(args) -> dict[str, list[float]]:
     import contextlib
+    import functools
 
     import torch
 
@@ -103,8 +109,10 @@ def run_inprocess(args) -> dict[str, list[float]]:
     tracers = {"": (Recorder, Numerics, install)}
     if args.compare:
         tracers["base_"] = _other_tracer(args.compare)
+    if args.no_steady:  # this checkout's tracer with every instrument armed on every step
+        tracers["full_"] = (functools.partial(Recorder, steady_after=0), Numerics, install)
     modes = tuple(prefix + m if m.startswith("traced") else m for m in MODES for prefix in tracers
-                  if prefix == "" or m.startswith("traced"))
+                  if prefix == "" or m == "traced" or m.startswith("traced") and prefix == "base_")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     device, precision = args.device, args.precision
@@ -141,7 +149,7 @@ def run_inprocess(args) -> dict[str, list[float]]:
         over `count` steps instead (sys.setprofile: a measure the host's load does not move)."""
         rec = numerics = installed = None
         ctx = contextlib.nullcontext()
-        prefix = "base_" if mode.startswith("base_") else ""
+        prefix = next((p for p in ("base_", "full_") if mode.startswith(p)), "")
         if mode.startswith(prefix + "traced"):
             Recorder, Numerics, install = tracers[prefix]
             rec = Recorder(10 ** 9)
@@ -261,6 +269,9 @@ def main() -> None:
     p.add_argument("--count-calls", type=int, default=0, metavar="STEPS",
                    help="in-process: also count the Python and C calls per step of each mode over STEPS steps "
                         "(sys.setprofile; independent of the host's load)")
+    p.add_argument("--no-steady", action="store_true",
+                   help="in-process: also time this checkout's tracer with every instrument armed on every step "
+                        "(trace --no-steady), as full_traced, in the same rounds")
     p.add_argument("--compare", metavar="DIR", help="in-process: also time the tracer of another checkout of this "
                    "project (`git worktree add /tmp/base COMMIT`) in the same rounds, as base_traced and "
                    "base_traced_nan; implies --script-loss (the loss computed in this file for both)")
@@ -309,6 +320,8 @@ def main() -> None:
             "base_traced_added_ms": round((med["base_traced"] - plain) * 1e3, 4),
             "base_nan_over_anomaly": round((med["base_traced_nan"] - plain) / (med["detect_anomaly"] - plain), 4)}
            if "base_traced" in med else {}),
+        **({"full_traced_added": round((med["full_traced"] - plain) / plain, 4),
+            "full_traced_added_ms": round((med["full_traced"] - plain) * 1e3, 4)} if "full_traced" in med else {}),
     }, indent=2))
 
 

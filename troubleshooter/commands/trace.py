@@ -2,7 +2,7 @@
 actually does (docs/trace.md).
 
     python -m troubleshooter trace SCRIPT.py [--steps N] [--device auto|cpu|cuda[:N]] [--timeout S]
-           [--nan] [--headroom] [--autocast-policy cuda|host] [--nproc N] [--format text|json|github]
+           [--nan] [--headroom] [--autocast-policy cuda|host] [--nproc N] [--no-steady] [--format text|json|github]
            [-- SCRIPT ARGS...]
 
 Exit status: 0 no error/warning finding, 1 some (a script that raises or hits the time limit
@@ -44,6 +44,10 @@ def register(subparsers) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run the script under torch.distributed.run with N ranks (as `torchrun --standalone "
                         "--nproc_per_node N`), trace every rank and merge them (docs/distributed.md)")
+    p.add_argument("--no-steady", dest="steady", action="store_false",
+                   help="keep every instrument armed on every step: by default, after 3 identical clean steps "
+                        "the loss watch and the output-gradient keeper stand down until a step deviates "
+                        "(docs/trace.md, \"Steady state\")")
     p.add_argument("--cwd", default=None,
                    help="working directory of the script (default: the current one, as `python SCRIPT` would)")
     p.add_argument("--format", choices=("text", "json", "github"), default="text")
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     report = trace_script(args.script, script_args, steps=args.steps, device=args.device,
                           timeout_s=args.timeout, nan=args.nan, headroom=args.headroom,
                           cwd=args.cwd or os.getcwd(), progress=progress, autocast_policy=args.autocast_policy,
-                          nproc=args.nproc)
+                          nproc=args.nproc, steady=args.steady)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     elif args.format == "github":

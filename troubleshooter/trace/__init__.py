@@ -25,7 +25,7 @@ MAX_STEPS = 10_000
 def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int = 20, device: str = "auto",
                  timeout_s: float = 120, nan: bool = False, headroom: bool = False, cwd: str | None = None,
                  progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda",
-                 nproc: int | None = None, raw: dict | None = None) -> dict:
+                 nproc: int | None = None, raw: dict | None = None, steady: bool = True) -> dict:
     """Run `python SCRIPT ARGS` in a child for at most `steps` optimizer steps and `timeout_s`
     seconds; return the trace report (JSON-serialisable). A script that fails is reported, not
     raised; one that cannot be started raises UserError. `cwd` None: the script's own folder
@@ -34,7 +34,8 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     follow CUDA autocast's op lists, so the answers are its GPU's; 'host': the CPU's own lists.
     `nproc` N: the script runs under torch.distributed.run with N ranks (1 included), each traced,
     and the report merges them (trace/merge.py, docs/distributed.md). `raw`: a child's result
-    already run (one rank's), reported instead of running the script."""
+    already run (one rank's), reported instead of running the script. `steady` False keeps every
+    instrument armed on every step (`--no-steady`; docs/trace.md, "Steady state")."""
     from ..explain import explain_log
     from ..jsonsafe import jsonable
     from . import analysis, framework_report, report
@@ -59,13 +60,13 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if raw is None and nproc is not None:
         from .merge import trace_ranks
         return trace_ranks(trace_script, script, args, steps, device, timeout_s, nan, headroom, cwd, nproc, progress,
-                           autocast_policy=autocast_policy)
+                           autocast_policy=autocast_policy, steady=steady)
     path = validate_script(script, cwd)
     if progress is not None:
         progress(0.0, f"starting {os.fspath(script)}")
     if raw is None:
         raw = run_child(path, os.fspath(script), args, steps, timeout_s, nan, headroom, cwd, device, progress,
-                        autocast_policy=autocast_policy)
+                        autocast_policy=autocast_policy, steady=steady)
     exc = (raw.get("exit") or {}).get("exception")
     explained = []
     if exc and not exc.get("caused_by_tool"):

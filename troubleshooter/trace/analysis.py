@@ -155,6 +155,54 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     return [Finding(f.rule, f.name, f.severity, message, suggestion, location, f.precision, data)]
 
 
+NONFINITE_RULES = ("AMP202", "AMP205", "AMP206", "AMP212")
+STEADY_WHY = ("the step ran in steady state (after {after} identical clean steps the loss watch and the "
+              "output-gradient keeper stand down until a step deviates)")
+
+
+def steady_findings(numerics: dict, findings: list[Finding], timeline: list[dict]) -> list[Finding]:
+    """A non-finite loss or gradient first seen on a steady-state step, where the instruments
+    that would have named its op or module were standing down. Named at a later step by the
+    same kind of reading (a loss op outside the model for a loss the model's re-run forward did
+    not explain; a backward for gradients): that finding says where it was first seen. Otherwise a
+    finding at that step's backward() that says plainly it was not localised."""
+    misses = numerics.get("steady_unlocalised") or []
+    if not misses:
+        return findings
+    miss = misses[0]
+    step = miss["step"]
+    why = STEADY_WHY.format(after=numerics.get("steady_after") or 3)
+    loss_bad = miss.get("nonfinite") == "loss"
+    nonfinite = [f for f in findings if f.rule in NONFINITE_RULES]
+    if any(isinstance(f.data.get("step"), int) and f.data["step"] <= step for f in nonfinite):
+        return findings  # localised on that step (a module's forward re-run) or an earlier one
+    later = next((f for f in nonfinite if (f.data.get("made_outside_model") and f.data.get("phase") == "forward"
+                                           if loss_bad else f.data.get("phase") == "backward" or f.rule == "AMP212")),
+                 None)
+    if later is not None:
+        noted = Finding(later.rule, later.name, later.severity,
+                        f"{later.message}; first seen at step {step}, where it was not localised: {why}",
+                        later.suggestion, later.location, later.precision,
+                        {**later.data, "first_seen": {"step": step, "instruments": "steady", "localised": False}})
+        return [noted if f is later else f for f in findings]
+    back = _backward_of_step(timeline, step) or {}
+    precision = {"float16": "fp16", "bfloat16": "bf16"}.get(miss.get("autocast"), "fp32")
+    what = (f"the loss of step {step} was non-finite ({miss.get('loss')})"
+            if loss_bad else f"the gradients of step {step} were non-finite (the loss {miss.get('loss')} was finite)")
+    data = {"seen": SEEN, "step": step, "phase": "forward" if loss_bad else "backward", "loss_finite": not loss_bad,
+            "localised": False, "instruments": "steady", "standing_down": miss.get("standing_down"),
+            "localised_from": "the next such step"}
+    if back.get("path"):
+        data["located_at"] = "the backward() of that step; the op or module that made it is not named"
+    rule, name = ("AMP205", "nonfinite-in-forward") if loss_bad else ("AMP206", "nonfinite-in-backward")
+    return findings + [Finding(
+        rule, name, Severity.ERROR,
+        f"{what}, and it was not localised: {why}; the op or module that makes it is named from the next such "
+        "step on, and it did not happen again while traced",
+        "Rerun with --no-steady (or --nan) to name the op or module on its first occurrence.",
+        Location(path=back.get("path"), line=back.get("line")), precision, data)]
+
+
 def collapse_findings(numerics: dict) -> list[Finding]:
     """AMP212 (--nan): the first step's half-precision forward flattened a module's output where
     float32's varies; located at the op that started it when it is in the user's files."""
@@ -303,8 +351,9 @@ def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Find
     numerics = raw.get("numerics") or {}
     from ..engine.collapse import fold_consequences
 
-    findings += fold_consequences(numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
-                                  + collapse_findings(numerics))
+    findings += fold_consequences(steady_findings(
+        numerics, numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
+        + collapse_findings(numerics), raw.get("timeline") or []))
     findings += banned_findings(raw.get("autocast_policy"), SEEN)
     findings += skiprate_findings(raw.get("series") or [], raw.get("scaler_step_where"))
     findings += headroom_findings(numerics, raw.get("scaler_step_where"))

@@ -30,9 +30,9 @@ def main(config_path: str) -> None:
     from .locate import caused_by_tool, script_traceback, user_frame_of_traceback
     from .numerics import Numerics
     from .patches import install
-    from .recorder import Recorder, TraceStop, TraceTimeout
+    from .recorder import STEADY_AFTER, Recorder, TraceStop, TraceTimeout
 
-    rec = Recorder(cfg["steps"])
+    rec = Recorder(cfg["steps"], steady_after=STEADY_AFTER if cfg.get("steady", True) else 0)
     numerics = Numerics(rec, nan=cfg["nan"], headroom=cfg["headroom"])
     writer = _Writer(cfg["result"], rec, numerics)
     writer.policy = _autocast_policy(cfg.get("autocast_policy", "cuda"))
@@ -110,7 +110,9 @@ class _Writer:
                 "scheduler_where": rec.scheduler_where, "scaler_step_where": rec.scaler_step_where,
                 "scaler_steps": rec.scaler_steps, "device": _device_used(rec), "precision": rec.precision_seen(),
                 "exit": exit_info, "final": exit_info is not None, "framework": _framework_result(),
-                "autocast_policy": self._policy(), "step_unit": rec.step_unit, "overhead": rec.overhead()}
+                "autocast_policy": self._policy(), "step_unit": rec.step_unit, "overhead": rec.overhead(),
+                "steady": {"enabled": bool(rec.steady_after), "after": rec.steady_after or None,
+                           "steps": rec.steady_steps}}
 
     policy: tuple = ("host", None)
 

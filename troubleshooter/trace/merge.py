@@ -46,7 +46,7 @@ HALF = ("float16",)
 
 def trace_ranks(trace_one: Callable[..., dict], script, args, steps: int, device: str, timeout_s: float,
                 nan: bool, headroom: bool, cwd: str | None, nproc: int, progress=None,
-                autocast_policy: str = "cuda") -> dict:
+                autocast_policy: str = "cuda", steady: bool = True) -> dict:
     """Launch N ranks of the traced child (`torchrun.run_ranks`), report each (`trace_one(raw=...)`), merge."""
     from ..torchrun import check_nproc, run_ranks
     from .runner import validate_script
@@ -57,7 +57,7 @@ def trace_ranks(trace_one: Callable[..., dict], script, args, steps: int, device
         progress(0.0, f"starting {os.fspath(script)} on {nproc} ranks")
     config = {"script": str(path.resolve()), "argv0": os.fspath(script), "args": [str(a) for a in args],
               "steps": steps, "nan": nan, "headroom": headroom,
-              "autocast_policy": autocast_policy}  # what trace/child.py reads, as runner.run_child writes it
+              "autocast_policy": autocast_policy, "steady": steady}  # what trace/child.py reads, as runner.run_child writes it
     launched = run_ranks("troubleshooter.trace.child", config, nproc, timeout_s, cwd or str(path.parent), device,
                          steps, progress)
     reports = [trace_one(script, args, steps=steps, device=device, timeout_s=timeout_s, nan=nan, headroom=headroom,

@@ -143,6 +143,12 @@ class Numerics:
         self.collapse_checked = False
         self.collapse_event: dict | None = None  # --nan: a half-precision forward collapse
         self.outside.meter = rec
+        # steady-state steps that went non-finite while an instrument that would have localised
+        # it was standing down (docs/trace.md, "Steady state"); the next such step is localised
+        self.steady_unlocalised: list[dict] = []
+        self.steady_reruns = 0  # forward-only re-runs of steady steps not counted as re-runs
+        if nan:  # --nan localises every step: nothing stands down
+            rec.steady_after = 0
         rec.before_backward = self._end_outside
         rec.before_scale = self.outside.disarm
         rec.before_update = self._check_outside
@@ -199,6 +205,10 @@ class Numerics:
 
     def _root_post(self, module, args, output) -> None:
         started = perf_counter()
+        if self.rec.steady:  # steady state: the output-gradient keeper and the loss watch stand down
+            if not self.rec.muted:
+                self.rec.own_s += perf_counter() - started
+            return None
         if self._keeping_grads:
             self._keep_output_grads(module, args, output)
         # the ops run on this model's output until backward(), its next call or the step
@@ -217,6 +227,11 @@ class Numerics:
         """Before the optimizer writes: if the step's loss is not finite, which recorded op made it
         (with --nan also: finite loss, non-finite gradients, which op's derivative made them)."""
         self.outside.disarm()
+        if self.outside_event is None and not self.outside.records and rec.recording_steady():
+            loss = rec.peek_loss()  # read for the step record anyway: no second sync
+            if loss is not None and not math.isfinite(loss):
+                self._steady_miss(rec, loss, "loss")
+            return
         if self.outside_event is not None or not self.outside.records:
             return
         loss = rec.peek_loss()
@@ -311,11 +326,18 @@ class Numerics:
         if bad and loss is not None and math.isfinite(loss):
             self.outside_backward(rec, loss)
         if bad:
+            steady = self._in_steady_state(rec)
+            found = len(self.events)
             self.reruns += 1
             try:
                 self._rerun(rec, loss)
             except Exception as exc:  # noqa: BLE001 - the re-run is a best effort; fall back to re-checks
                 self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+            if steady and not any(is_real(e) for e in self.events[found:]):
+                # no output gradient was kept for a backward re-run: the next such step gets one
+                if self._steady_rerun_spared():
+                    self.reruns -= 1
+                self._steady_miss(rec, loss, "loss" if loss is not None and not math.isfinite(loss) else "gradients")
 
     def after_skip(self, rec: Recorder) -> None:
         """GradScaler skipped the step, so the parameters are untouched: re-run it with hooks (a few
@@ -323,11 +345,52 @@ class Numerics:
         if self.skip_reruns >= MAX_SKIP_RERUNS or self.model is None or self._last_in is None \
                 or any(is_real(e) for e in self.events):
             return
+        steady = self._in_steady_state(rec)
+        found = len(self.events)
         self.skip_reruns += 1
         try:
             self._rerun(rec, rec.peek_loss(), skipped=True)
         except Exception as exc:  # noqa: BLE001 - best effort; the re-check of later steps remains
             self.rerun_error = f"{type(exc).__name__}: {exc}"[:300]
+        if steady and not self.events[found:] and self._steady_rerun_spared():
+            self.skip_reruns -= 1  # a forward-only re-run: the next skip gets the whole one
+
+    # -- steady state ------------------------------------------------------------------------
+    @staticmethod
+    def _in_steady_state(rec: Recorder) -> bool:
+        """This step runs with the loss watch and the output-gradient keeper standing down; a
+        non-finite step re-arms them from the next step (the step's record says it was steady)."""
+        steady = rec.recording_steady()
+        rec.rearm()
+        return steady
+
+    def _steady_rerun_spared(self) -> bool:
+        """A steady step's re-run (forward only) does not use up the whole re-runs the next such
+        step gets, a few times per run: each is a forward, and a run that skips often would
+        otherwise pay one every few steps."""
+        if self.steady_reruns >= MAX_SKIP_RERUNS:
+            return False
+        self.steady_reruns += 1
+        return True
+
+    def _unlocalised(self) -> list[dict]:
+        """The steady misses that nothing localised later in the same step (a module's forward
+        re-run may still name it)."""
+        named = {e["step"] for e in self.events if is_real(e)}
+        return [m for m in self.steady_unlocalised if m["step"] not in named]
+
+    def _steady_miss(self, rec: Recorder, loss: float | None, what: str) -> None:
+        """A non-finite loss or gradient on a steady step that nothing localised: said plainly in
+        the report; the instruments are armed again, so the next occurrence is localised."""
+        rec.rearm()
+        if any(m["step"] == rec.steps for m in self.steady_unlocalised) or len(self.steady_unlocalised) >= MAX_EVENTS:
+            return
+        self.steady_unlocalised.append({
+            "step": rec.steps, "nonfinite": what,
+            "loss": None if loss is None else (loss if math.isfinite(loss) else
+                                               "nan" if math.isnan(loss) else "inf" if loss > 0 else "-inf"),
+            "autocast": _autocast_of_step(rec.timeline[-1]),
+            "standing_down": ["loss watch", "output-gradient keeper"]})
 
     def _rerun(self, rec: Recorder, loss: float | None, skipped: bool = False) -> None:
         model = self.model
@@ -458,6 +521,8 @@ class Numerics:
                 self.params_nonfinite = _nonfinite_params(model)
                 self._attach(model)
                 self.rechecks_left = RECHECK_STEPS
+        if self.hooks is not None and not self.nan:  # re-checking steps: everything stays armed
+            rec.rearm()
 
     def _collect(self, step: dict) -> None:
         report = self.hooks.collect()
@@ -604,7 +669,8 @@ class Numerics:
                "checked_steps": self.checked_steps, "rechecked_steps": self.rechecked_steps,
                "reruns": self.reruns + self.skip_reruns, "rerun_error": self.rerun_error,
                "events": self.events, "parameters_nonfinite": self.params_nonfinite[:10],
-               "outside": self.outside_event, "collapse": self.collapse_event}
+               "outside": self.outside_event, "collapse": self.collapse_event,
+               "steady_unlocalised": self._unlocalised(), "steady_after": self.rec.steady_after or None}
         if self.headroom:
             out["headroom_steps"] = self.headroom_steps
         return out
@@ -632,6 +698,14 @@ def module_source(model: nn.Module | None, name: str | None) -> dict:
         if not parts:
             return {}
         parts.pop()
+
+
+def _autocast_of_step(entry: dict) -> str | None:
+    """The half-precision autocast dtype the step's recorded regions ran in, if any."""
+    for ev in entry.get("events", ()):
+        if ev.get("kind") == "autocast" and ev.get("enabled") and ev.get("dtype") in ("float16", "bfloat16"):
+            return ev["dtype"]
+    return None
 
 
 def is_real(event: dict) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .frameworks import entered_by_framework
-from .locate import _cache as _user_files, is_user_file, line_of, user_frame
+from .locate import _cache as _user_files, _lines, is_user_file, line_of, user_frame
 
 MAX_EVENTS_PER_STEP = 100
 MAX_VIOLATIONS = 500
@@ -28,6 +28,13 @@ HALF = (torch.float16, torch.bfloat16)
 # calls that finish a step rather than start the next one
 TRAILING = {"scaler.update", "scheduler.step", "torch.save", "scaler.state_dict", "clip_grad_norm_",
             "clip_grad_value_", "clip_grad_norm"}
+# Steady state: after this many consecutive clean steps with the same recorded pattern, the costly
+# instruments (the loss watch, the output-gradient keeper) stand down until a step deviates.
+# Three: the first step differs from the rest anyway (no previous step's update/scheduler in its
+# window, first-time checks), so three equal windows are two comparisons that agree, and a
+# warm-up effect that lasts two steps (a scale still settling, a lazy init) re-arms before it.
+STEADY_AFTER = 3
+SCALE_KEYS = ("scale_before", "scale_after")  # values, not pattern: a grown scale is still the same step
 
 
 class TraceStop(BaseException):
@@ -58,8 +65,17 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 class Recorder:
     """Step counting, the timeline, and the per-step protocol state."""
 
-    def __init__(self, steps: int, on_step: Callable[["Recorder", dict], None] | None = None):
+    def __init__(self, steps: int, on_step: Callable[["Recorder", dict], None] | None = None,
+                 steady_after: int = STEADY_AFTER):
         self.target = steps
+        # steady state (see STEADY_AFTER; 0: every instrument armed every step, `--no-steady`)
+        self.steady_after = steady_after
+        self.steady = False  # the step being recorded runs with the costly instruments standing down
+        self.steady_steps = 0  # steps recorded in steady state
+        self._steady_run = 0  # consecutive clean steps with the same pattern
+        self._windows: list[list] = []  # the last few steps' patterns (events since the previous step)
+        self._trailing_from = 0  # where the previous step's trailing events (update, scheduler) start
+        self._autocast_enters = 0  # this window's autocast entries (a model may enter it per layer)
         self.on_step = on_step  # numerics: called after every completed step
         self.steps = 0  # optimizer steps completed (scaler-skipped ones included), all optimizers
         self.stop_pending = False
@@ -117,6 +133,8 @@ class Recorder:
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _new_step(self, index: int) -> dict:
+        if self.steady:
+            return {"step": index, "events": [], "dropped_events": 0, "instruments": "steady"}
         return {"step": index, "events": [], "dropped_events": 0}
 
     def _reset_iteration(self) -> None:
@@ -135,7 +153,12 @@ class Recorder:
                 if known or (known is None and is_user_file(code.co_filename)):
                     break
                 frame = frame.f_back
-            where = (code.co_filename, line_of(frame), code.co_name) if frame is not None else (None, None, None)
+            if frame is None:
+                where = (None, None, None)
+            else:  # line_of(frame), its remembered case inlined: a Python call less per event
+                hit = _lines.get((id(code), frame.f_lasti))
+                line = hit[1] if hit is not None and hit[0] is code and frame.f_trace is None else line_of(frame)
+                where = (code.co_filename, line, code.co_name)
         path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
@@ -189,6 +212,7 @@ class Recorder:
         enabled = bool(getattr(ac, "_enabled", True))
         dev = getattr(ac, "device", "?")
         self.autocast_stack.append((dev, dtype, enabled, entered_by_framework(3)))
+        self._autocast_enters += 1
         self._count_autocast(dev, dtype, enabled)
         if enabled and dtype == "float16":
             self.fp16_autocast_since_step = True
@@ -411,6 +435,7 @@ class Recorder:
         """The fused optimizer's step ran but its kernel skipped the update: the step is a skipped
         one, as if GradScaler had not called it."""
         rec["skipped"] = True
+        self.rearm()  # judged clean at the step's end; the skip shows only now, at update()
         for entry in reversed(self.timeline):
             if entry.get("step") == rec["step"]:
                 entry["skipped"] = True
@@ -507,6 +532,10 @@ class Recorder:
         loss = self._step_loss()
         rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
                "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
+        if self.timeline[-1].get("instruments") == "steady":
+            rec["steady"] = True
+            self.steady_steps += 1
+        self._judge_steady(rec)
         self.series.append(rec)
         if len(self.step_marks) < MAX_STEP_MARKS:
             self.step_marks.append((perf_counter(), self.own_s))
@@ -522,6 +551,43 @@ class Recorder:
             self.stop_pending = True
             if self.on_stop_pending is not None:
                 self.on_stop_pending()
+
+    def _judge_steady(self, rec: dict) -> None:
+        """Whether the next step may run in steady state: this step was clean (finite loss, not
+        skipped, scale not lower) and its pattern (the events since the previous step: kinds,
+        places, dtypes, autocast state, counts) equals the one a period back (one step, or one
+        per optimizer when several take turns) for STEADY_AFTER steps in a row."""
+        if not self.steady_after:
+            return
+        entry = self.timeline[-1]
+        prev = self.timeline[-2] if len(self.timeline) > 1 else None
+        window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
+        window.append((entry["dropped_events"], self._autocast_enters))
+        self._trailing_from = len(entry["events"])
+        self._autocast_enters = 0
+        last = self.series[-1] if self.series else None
+        scale = rec["scale"]
+        clean = (not rec["skipped"] and type(rec["loss"]) is float and math.isfinite(rec["loss"])
+                 and (last is None or scale == last["scale"]
+                      or scale is not None and last["scale"] is not None and scale > last["scale"]))
+        period = max(1, min(len(self._known_optimizers), 4))
+        windows = self._windows
+        same = len(windows) >= period and _same_pattern(windows[-period], window)
+        windows.append(window)
+        if len(windows) > 4:
+            del windows[0]
+        self._steady_run = 0 if not clean else self._steady_run + 1 if same else 1
+        self.steady = self._steady_run >= self.steady_after
+
+    def recording_steady(self) -> bool:
+        """The step being recorded began in steady state (between steps: the next one will)."""
+        return self.steady if self.open_next else self.timeline[-1].get("instruments") == "steady"
+
+    def rearm(self) -> None:
+        """A deviation: every instrument is armed again from the next step (or now, mid-step, for
+        what is armed later in it); steady state needs STEADY_AFTER clean equal steps again."""
+        self.steady = False
+        self._steady_run = 0
 
     def peek_loss(self) -> float | None:
         """The latest (unscaled) loss of this step as a float, without closing the step."""
@@ -628,6 +694,23 @@ class Recorder:
         for p in module.parameters():
             if p.dtype in HALF:
                 self.half_at[id(p)] = where
+
+
+def _same_pattern(a: list, b: list) -> bool:
+    """Two steps' windows record the same calls: equal events (the loss scale's values aside: a
+    scale that grew is the same step) and the same counts."""
+    if a == b:  # the usual case, compared in C
+        return True
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        if not (type(x) is dict and type(y) is dict and x.get("kind") == y.get("kind") == "scaler.update"):
+            return False
+        if {k: v for k, v in x.items() if k not in SCALE_KEYS} != {k: v for k, v in y.items() if k not in SCALE_KEYS}:
+            return False
+    return True
 
 
 def _any_scaled(backwards: list[dict]) -> bool:

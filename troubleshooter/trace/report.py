@@ -60,6 +60,7 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "headroom": {"enabled": headroom, "steps": numerics.get("headroom_steps", []) if headroom else []},
         "overhead": raw.get("overhead") or {"steps_timed": 0, "total_s": None, "per_step_ms": None,
                                             "step_ms": None, "share": None},
+        "steady": raw.get("steady") or {"enabled": False, "after": None, "steps": 0},
     }
     return jsonable(report)
 
@@ -108,6 +109,17 @@ def overhead_line(report: dict) -> str | None:
     of_step = f" ({share:.1%} of the step without it)" if share is not None else ""
     return (f"Tracing added about {per_step:.3g} ms per step{of_step}: the tracer's own code, timed in "
             f"the run (median of {o.get('steps_timed')} steps; a step took {step:.3g} ms with it).")
+
+
+def steady_line(report: dict) -> str | None:
+    """How many steps ran with the costly instruments standing down (docs/trace.md, "Steady state")."""
+    st = report.get("steady") or {}
+    if not st.get("enabled"):
+        return None
+    n, total = st.get("steps") or 0, report.get("steps_observed") or 0
+    return (f"Steady state: {n} of {total} steps ran with the loss watch and the output-gradient keeper standing "
+            f"down (after {st.get('after')} identical clean steps, until a step deviates; --no-steady keeps them "
+            "armed).")
 
 
 def _clean_line(report: dict) -> str:
@@ -162,6 +174,8 @@ def render_text(report: dict) -> str:
         out += ["", line]
     if overhead_line(report):
         out += ["", overhead_line(report)]
+    if steady_line(report):
+        out += [steady_line(report)] if overhead_line(report) else ["", steady_line(report)]
     exc = (report.get("exit") or {}).get("exception")
     if exc and not exc.get("caused_by_tool"):  # the tool's own failure is AMP219, with no traceback of ours
         out += ["", "Traceback of the script (last lines):", *_traceback_tail(exc)]
@@ -183,6 +197,8 @@ def render_markdown(report: dict) -> str:
         parts.append(line)
     if overhead_line(report):
         parts += ["", overhead_line(report)]
+    if steady_line(report):
+        parts += ["", steady_line(report)]
     exc = (report.get("exit") or {}).get("exception")
     if exc and not exc.get("caused_by_tool"):
         tb = "\n".join(_traceback_tail(exc))

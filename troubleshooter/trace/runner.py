@@ -66,7 +66,8 @@ def device_env(device: str) -> dict[str, str]:
 
 def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: float, nan: bool,
               headroom: bool, cwd: str | None, device: str,
-              progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda") -> dict:
+              progress: Callable[[float, str], None] | None = None, autocast_policy: str = "cuda",
+              steady: bool = True) -> dict:
     """Run the script in a child; returns the child's raw result plus how the process ended."""
     env = dict(os.environ)  # in the app a job's minimal environment already (worker.job_environment)
     env.update(device_env(device))
@@ -75,7 +76,8 @@ def run_child(script: Path, argv0: str, args: list[str], steps: int, timeout_s: 
     with tempfile.TemporaryDirectory(prefix="amp-trace-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         config = {"script": str(script.resolve()), "argv0": argv0, "args": list(args), "steps": steps,
-                  "nan": nan, "headroom": headroom, "result": result_path, "autocast_policy": autocast_policy}
+                  "nan": nan, "headroom": headroom, "result": result_path, "autocast_policy": autocast_policy,
+                  "steady": steady}
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w") as fh:
             json.dump(config, fh)
