@@ -60,6 +60,17 @@ def dynamo_disabled(on: bool):
         yield
 
 
+_SPENT_SHORT = {"start_up": "start-up", "model_builds": "builds", "first_steps": "first steps",
+                "warm_up_steps": "warm-up", "rounds": "rounds", "other": "other"}
+
+
+def _spent_text(spent: dict | None) -> str:
+    """Where the run's budget went (`settings.time_spent_s`), compact for a table cell."""
+    if not spent:
+        return "-"
+    return ", ".join(f"{_SPENT_SHORT.get(k, k)} {v:.1f}" for k, v in spent.items())
+
+
 def _slim(run: dict) -> dict:
     """A speedup result without its per-sample lists (kept: medians, spreads, intervals, verdict)."""
     results = {p: {k: v for k, v in r.items() if k not in ("samples_ms", "losses")} for p, r in run["results"].items()}
@@ -103,7 +114,8 @@ def run_speedup(ctx, res, compile_: bool = False) -> None:
                 per_run += _rows(label, i, run, ceiling)
                 v = run["verdict"]
                 verdicts.append([label, i, v["level"], v.get("best_precision"), v.get("speedup"),
-                                 run["settings"]["rounds"], run["settings"]["elapsed_s"], v["recommendation"]])
+                                 run["settings"]["rounds"], run["settings"]["elapsed_s"],
+                                 _spent_text(run["settings"].get("time_spent_s")), v["recommendation"]])
             for p, c in compare(*runs).items():
                 ok = None if c["not_comparable"] else c["rel_diff"] <= REPEAT_TARGET
                 diff = f"{c['rel_diff']:.1%}" + (f" ({c['not_comparable']})" if c["not_comparable"] else "")
@@ -127,7 +139,7 @@ def run_speedup(ctx, res, compile_: bool = False) -> None:
     res.table(f"Speedup check{what}: repeatability (speedup over fp32, run 1 vs run 2)",
               ["model", "precision", "run 1", "run 2", "difference", f"within {REPEAT_TARGET:.0%}"], repeat)
     res.table(f"Speedup check{what}: verdicts", ["model", "run", "level", "best", "speedup", "rounds", "seconds",
-                                                 "recommendation"], verdicts)
+                                                 "time spent (s)", "recommendation"], verdicts)
     if refs:
         res.table("Speedup verdict against torch.utils.benchmark (same model, its own training step)",
                   ["model", "ours: level (best, speedup)", "reference level", "reference best", "its spread",
