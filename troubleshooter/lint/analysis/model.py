@@ -75,6 +75,7 @@ class FileModel(Roles, AutocastResolution):
         self.identifiers: set[str] = set()
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
+        self.scaler_named = False  # some name or attribute of the file holds "scaler" (roles.py)
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
         self._round_trips: set[int] = set()
@@ -88,13 +89,13 @@ class FileModel(Roles, AutocastResolution):
     def _build_scopes(self) -> None:
         defs = self.in_walk_order(self.of_class(ast.FunctionDef), self.of_class(ast.AsyncFunctionDef))
         capable = event_capable_defs(self, defs)  # first: the walks below skip helpers that record nothing
-        self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
+        self.scopes.append(Walker(self, LazyScope(self.tree, "<module>", None)).run(self.tree.body))
         with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
         later = partial(_walk_later, weakref.ref(self))
         for node in defs:
             cls = self.parents_of_func.get(id(node))
             lazy = id(node) not in capable and id(node) not in with_defs  # no event, no autocast region
-            scope = (LazyScope if lazy else Scope)(node, node.name, cls.name if cls else None)
+            scope = LazyScope(node, node.name, cls.name if cls else None)
             regions: list[Autocast] = []
             for d in node.decorator_list:
                 if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
@@ -114,6 +115,12 @@ class FileModel(Roles, AutocastResolution):
             self.by_name.setdefault(s.name, []).append(s)
 
     @property
+    def may_hold_scaler(self) -> bool:
+        """False when no name of the file can be a loss scaler (`is_scaler` is False for every key): no
+        GradScaler construction, no `.scale`/`.unscale_` on a `*scal*` receiver, no `*scaler*` name."""
+        return bool(self.scaler_ctor or self.scaler_method_keys or self.scaler_named)
+
+    @property
     def calls(self) -> list[ast.Call]:
         """Every call in the file, in walk order (several rules scan only calls)."""
         return self.of_class(ast.Call)
@@ -122,11 +129,15 @@ class FileModel(Roles, AutocastResolution):
         """The calls whose function's last name (`f` of `x.f(...)` / `f(...)`) is one of `names`, in walk
         order: rules and framework adapters look for a few names among every call of the file, and
         scanning all of them each time cost more than the rules' own work (the index is built once)."""
-        index = self.memo.get(("calls_by_tail",), self._index_calls)
+        index = self.calls_by_tail()
         calls = self.calls
         if len(names) == 1:
             return [calls[i] for i in index.get(names[0], ())]
         return [calls[i] for i in sorted(i for name in set(names) for i in index.get(name, ()))]
+
+    def calls_by_tail(self) -> dict[str, list[int]]:
+        """Each function name called in the file -> the positions in `calls` of its calls, in walk order."""
+        return self.memo.get(("calls_by_tail",), self._index_calls)
 
     def _index_calls(self) -> dict[str, list[int]]:
         index: dict[str, list[int]] = {}

@@ -20,7 +20,7 @@ class Roles:
         over every node: names and attributes, most of a file, only feed the identifier set."""
         of = self.of_class
         self.identifiers.update({n.id.lower() for n in of(ast.Name)}, {n.attr.lower() for n in of(ast.Attribute)})
-        scaler_names = any("scaler" in i for i in self.identifiers)
+        self.scaler_named = scaler_names = any("scaler" in i for i in self.identifiers)
         for node in of(ast.Call):
             self._collect_call(node, scaler_names)
         assign_counts: dict[str, int] = {}
