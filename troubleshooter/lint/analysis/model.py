@@ -6,7 +6,7 @@ import weakref
 from functools import partial
 from typing import Any, Callable
 
-from .astutil import tail, walk, walk_indexed
+from .astutil import tail, walk, walk_indexed, walk_parsed
 from .autocast import Autocast, AutocastResolution
 from .events import LazyScope, Scope
 from .names import Names
@@ -52,7 +52,7 @@ class FileModel(Roles, AutocastResolution):
         self.tree = tree
         self.source = source
         self.lines = source.splitlines()
-        self.nodes, self._children, by_class = walk_indexed(tree)
+        self.nodes, by_class = walk_indexed(tree)
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
@@ -180,18 +180,11 @@ class FileModel(Roles, AutocastResolution):
         return self.memo.get(("subtree", id(node)), lambda: self.walk(node))
 
     def walk(self, node: ast.AST) -> list[ast.AST]:
-        """`walk(node)` for a node of this file's tree, from the child lists built once at parse time."""
-        if id(node) not in self._children and not isinstance(node, (ast.Name, ast.Constant)):
-            return walk(node)  # a node made after parsing (or a leaf): walk it directly
-        out = [node]
-        i = 0
-        children = self._children
-        while i < len(out):
-            kids = children.get(id(out[i]))
-            i += 1
-            if kids:
-                out += kids
-        return out
+        """`walk(node)` for a node of this file's tree, through the compiled getters."""
+        try:
+            return walk_parsed(node)
+        except AttributeError:  # a node made after parsing without all its fields: the generic walk skips those
+            return walk(node)
 
     def scope_of(self, node: ast.AST) -> Scope:
         """The innermost function scope whose lines contain `node` (the module scope otherwise)."""
