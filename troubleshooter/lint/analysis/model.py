@@ -147,10 +147,21 @@ class FileModel(Roles, AutocastResolution):
                 index.setdefault(t, []).append(i)
         return index
 
-    def call_quals(self) -> list[str]:
-        """Each call's qualified function name (`names.qual(c.func) or ""`), aligned with `calls`:
-        resolved once per file for the several rules that look at every call's full name."""
-        return self.memo.get(("call_quals",), lambda: [self.names.qual(c.func) or "" for c in self.calls])
+    def calls_resolving(self, last: Callable[[str], bool], tails: tuple[str, ...] = ()) -> list[tuple[ast.Call, str]]:
+        """(call, qualified function name, `names.qual(c.func) or ""`) for every call whose qualified name's
+        last component passes `last`, or whose function's last name is one of `tails`, in walk order.
+
+        The rules that look for a few full names (`torch.autocast`, `...DistributedDataParallel`) resolve
+        only these: a qualified name ends in the function's own last name (`a.b.f` -> `f`) unless the
+        function is a bare imported alias (`from x import f as g`; `g` -> `x.f`), so a call outside the
+        name index's matches and the aliases' matches cannot have a qualified name that passes `last`."""
+        index = self.calls_by_tail()
+        wanted = {t for t in index if t in tails or last(t)}
+        wanted.update(local for local, qual in self.names.alias.items()
+                      if local in index and last(qual.rpartition(".")[2]))
+        calls, qual = self.calls, self.names.qual
+        picked = sorted(i for t in wanted for i in index[t])
+        return [(calls[i], qual(calls[i].func) or "") for i in picked]
 
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
