@@ -1,0 +1,90 @@
+"""The parts of the lint file model that are skipped or left for later when a file cannot need them
+(issue 28) give what the full computation gives, on every in-repo lint script:
+
+- the step walker scans only the statements whose lines hold an event trigger (prefilter.EVENT_LINES)
+  and leaves the other statements' call names for the first read of `scope.calls`: the same events,
+  call names and autocast regions as a walk that scans every expression;
+- `FileModel.calls_resolving` resolves only the calls whose qualified name can match: the same calls
+  and names as resolving every call;
+- `FileModel.may_hold_scaler` is False only where `is_scaler` is False for every name of the file.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.lint.analysis import FileModel, Scope, Walker, tail
+from troubleshooter.lint.source import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*(ROOT / "tests" / "fixtures" / "lint").glob("*.py"), *(ROOT / "tests" / "lint_corpus").glob("*.py"),
+                  *(ROOT / "tests" / "lint_corpus_frameworks").rglob("*.py")])
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = []
+    for path in SCRIPTS:
+        text = path.read_text()
+        try:
+            out.append((path.name, FileModel(parse(text, str(path)), text)))
+        except SyntaxError:
+            continue  # the corpus keeps a few broken files on purpose
+    assert len(out) >= 150
+    return out
+
+
+def _event_facts(scope: Scope) -> list[tuple]:
+    return [(e.kind, e.line, e.col, e.order, e.branches, tuple(id(g.node) for g in e.guards),
+             tuple(id(lp.node) for lp in e.loops), e.autocast, e.nograd, e.recv, e.scaled, e.managed, e.via_call)
+            for e in scope.events]
+
+
+class _ScanAll(Walker):
+    """The walker as it was: every expression of every statement scanned, every `if` keyed."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._event_lines = None
+
+
+def test_walks_scanning_event_lines_only_match_full_scans(models):
+    walked = deferred = 0
+    for name, m in models:
+        for scope in m.scopes:
+            if scope.events or scope.name == "<module>":
+                deferred += getattr(scope, "_walk", None) is not None  # call names left for later
+                body = scope.node.body
+                full = _ScanAll(m, Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)).run(body)
+                assert _event_facts(scope) == _event_facts(full), (name, scope.name)
+                assert scope.calls == full.calls, (name, scope.name)
+                assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in full.regions]
+                walked += 1
+    assert walked > 300 and deferred > 100  # the corpus does exercise the skip
+
+
+def test_calls_resolving_finds_every_matching_call(models):
+    checks = [(lambda last: last == "autocast", ()), (lambda last: last == "initialize", ()),
+              (lambda last: last.endswith("DistributedDataParallel"), ("DDP",)),
+              (lambda last: last.endswith("FullyShardedDataParallel"), ("FSDP", "fully_shard")),
+              (lambda last: last.endswith("GradScaler"), ())]
+    found = 0
+    for name, m in models:
+        for last, tails in checks:
+            every = [(c, m.names.qual(c.func) or "") for c in m.calls]
+            expected = [(id(c), q) for c, q in every if last(q.rpartition(".")[2]) or tail(c.func) in tails]
+            got = [(id(c), q) for c, q in m.calls_resolving(last, tails)]
+            assert [x for x in got if x in expected] == expected, (name, expected, got)
+            found += len(expected)
+    assert found > 50
+
+
+def test_no_scaler_name_means_no_scaler(models):
+    quiet = 0
+    for name, m in models:
+        if m.may_hold_scaler:
+            continue
+        quiet += 1
+        keys = {tail(n) for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))} | set(m.assigns)
+        assert not any(m.is_scaler(k) for k in keys), name
+    assert quiet > 20
