@@ -88,3 +88,26 @@ def test_no_scaler_name_means_no_scaler(models):
         keys = {tail(n) for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))} | set(m.assigns)
         assert not any(m.is_scaler(k) for k in keys), name
     assert quiet > 20
+
+
+def test_config_folders_are_listed_once_per_run(tmp_path, monkeypatch):
+    """Every script asks for the config files beside it; a run lists each folder once, and the next run
+    lists it again (a config written between two runs is read)."""
+    import shutil
+
+    from troubleshooter.lint import lint_paths
+    from troubleshooter.lint.frameworks import configs
+
+    src = ROOT / "tests" / "fixtures" / "lint_configs" / "accelerate_yaml"
+    for i in range(3):
+        shutil.copy(src / "train.py", tmp_path / f"train_{i}.py")
+    listed = []
+    real = configs.os.listdir
+    monkeypatch.setattr(configs.os, "listdir", lambda folder: listed.append(folder) or real(folder))
+    first = lint_paths([str(tmp_path)])
+    assert listed == [str(tmp_path)]
+    assert not any("default_config.yaml" in f.message for f in first.findings)
+    shutil.copy(src / "default_config.yaml", tmp_path / "default_config.yaml")
+    second = lint_paths([str(tmp_path)])
+    assert listed == [str(tmp_path)] * 2
+    assert sum("default_config.yaml:8" in f.message for f in second.findings if f.rule == "AMP130") == 3
