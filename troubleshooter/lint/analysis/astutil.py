@@ -112,18 +112,15 @@ def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[type, list[ast.AST]
     kept: later walks of a subtree (`walk_parsed`) call the same getters again, on a fifth of the nodes."""
     out = [root]
     by_class: dict[type, list[ast.AST]] = {}
-    getters = _KIDS
-    i = 0
-    while i < len(out):
-        n = out[i]
-        i += 1
+    table: dict[type, tuple] = {}  # class -> (its bucket's append, its children getter): one lookup per node
+    for n in out:  # `out` grows while it is read: a breadth-first walk, as `walk` does
         cls = n.__class__
-        bucket = by_class.get(cls)
-        if bucket is None:
-            by_class[cls] = bucket = []
-            kids_of(cls)
-        bucket.append(n)
-        get = getters[cls]
+        try:
+            add, get = table[cls]
+        except KeyError:
+            bucket = by_class[cls] = []
+            add, get = table[cls] = (bucket.append, kids_of(cls))
+        add(n)
         if get is not None:
             out += get(n)
     return out, by_class
@@ -133,12 +130,10 @@ def walk_parsed(node: ast.AST) -> list[ast.AST]:
     """`walk(node)` through the compiled getters: same nodes, same order (tests/test_lint_walk.py)."""
     out = [node]
     getters = _KIDS
-    i = 0
-    while i < len(out):
-        n = out[i]
-        i += 1
-        get = getters.get(n.__class__, kids_of)
-        if get is kids_of:
+    for n in out:
+        try:
+            get = getters[n.__class__]
+        except KeyError:
             get = kids_of(n.__class__)
         if get is not None:
             out += get(n)
