@@ -57,6 +57,13 @@ def test_walks_scanning_event_lines_only_match_full_scans(models):
                 body = scope.node.body
                 full = _ScanAll(m, Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)).run(body)
                 assert _event_facts(scope) == _event_facts(full), (name, scope.name)
+                # what rules read through the events: the branch kinds of the statements holding one, and the
+                # accumulation guards with an event inside (rules/_steps.py skips the others)
+                held = {s for e in full.events for s, _, _, _ in e.branches}
+                assert {s: scope.branch_kinds.get(s) for s in held} == {s: full.branch_kinds.get(s) for s in held}
+                used = {id(g) for e in full.events for g in e.guards}
+                assert [id(g.node) for g in scope.guards if id(g) in {id(x) for e in scope.events for x in e.guards}] \
+                    == [id(g.node) for g in full.guards if id(g) in used]
                 assert scope.calls == full.calls, (name, scope.name)
                 assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in full.regions]
                 walked += 1
@@ -111,3 +118,21 @@ def test_config_folders_are_listed_once_per_run(tmp_path, monkeypatch):
     second = lint_paths([str(tmp_path)])
     assert listed == [str(tmp_path)] * 2
     assert sum("default_config.yaml:8" in f.message for f in second.findings if f.rule == "AMP130") == 3
+
+
+def test_helper_kinds_skipped_only_where_none_can_be_found(models):
+    """`Walker._find_direct_kinds` answers nothing, without walking, for a file with no `.grad`, no
+    backward call and no scaler name: a walk of each of its functions finds nothing either."""
+    from troubleshooter.lint.analysis.walker import _DIRECT_KINDS_POSSIBLE
+
+    gated = 0
+    for name, m in models:
+        defs = m.of_class(ast.FunctionDef) + m.of_class(ast.AsyncFunctionDef)
+        walker = Walker(m, Scope(m.tree, "<module>", None))
+        answers = [walker._find_direct_kinds(d) for d in defs]
+        if not defs or m.memo.peek(_DIRECT_KINDS_POSSIBLE):
+            continue
+        gated += 1
+        m.memo.put(_DIRECT_KINDS_POSSIBLE, True)  # force the walk
+        assert [walker._find_direct_kinds(d) for d in defs] == answers == [frozenset()] * len(defs), name
+    assert gated > 10

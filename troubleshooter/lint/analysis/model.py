@@ -56,7 +56,8 @@ class FileModel(Roles, AutocastResolution):
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
-        self.memo.put(("by_class",), by_class)
+        self._by_class = by_class
+        self._calls_index: dict[str, list[int]] | None = None  # calls_by_tail, built on first use
         self.names = Names(self.in_walk_order(self.of_class(ast.Import), self.of_class(ast.ImportFrom)))
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
@@ -137,7 +138,10 @@ class FileModel(Roles, AutocastResolution):
 
     def calls_by_tail(self) -> dict[str, list[int]]:
         """Each function name called in the file -> the positions in `calls` of its calls, in walk order."""
-        return self.memo.get(("calls_by_tail",), self._index_calls)
+        index = self._calls_index
+        if index is None:
+            index = self._calls_index = self._index_calls()
+        return index
 
     def _index_calls(self) -> dict[str, list[int]]:
         index: dict[str, list[int]] = {}
@@ -166,7 +170,7 @@ class FileModel(Roles, AutocastResolution):
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
-        return self.memo.peek(("by_class",)).get(cls, [])
+        return self._by_class.get(cls, [])
 
     def in_walk_order(self, first: list[ast.AST], second: list[ast.AST]) -> list[ast.AST]:
         """Two lists of this file's nodes, each in walk order (two kinds of the class index), as one list

@@ -16,6 +16,8 @@ from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
 # A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
 # Lightning's `self.clip_gradients`); lint/frameworks decides which of them unscale first.
+# Memo key: the file has a `.grad`, a backward call or a scaler name (else no helper has a direct kind).
+_DIRECT_KINDS_POSSIBLE = ("direct_kinds_possible",)
 FRAMEWORK_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "unscale_gradients", "clip_gradients"})
 
 if TYPE_CHECKING:
@@ -93,14 +95,21 @@ class Walker:
             return
         if isinstance(st, ast.If):
             self._scan(st.test, ctx)
-            # the key is read only by events inside the `if`: none when its lines hold no event line
-            key, pol = self._cond_key(st.test) if self._may_record(st) else ("", True)
+            # The key, the guard and the branch kinds are read only through events inside the `if` (an
+            # accumulation guard with no event inside is no accumulation, rules/_steps.py): none is needed
+            # when its lines hold no event line.
+            inside = self._may_record(st)
+            key, pol = self._cond_key(st.test) if inside else ("", True)
             body_ctx = self._branch(ctx, st, 0, key, pol)
-            count = self._accum_count(st.test)
+            count = self._accum_count(st.test) if inside else False
             if count is not False:
                 g = Guard(st, count)
                 self.s.guards.append(g)
                 body_ctx = body_ctx[:4] + (guards + (g,),)
+            if not inside:
+                self._body(st.body, body_ctx)
+                self._body(st.orelse, self._branch(ctx, st, 1, key, not pol))
+                return
             start = self._count_start()
             self._body(st.body, body_ctx)
             self._mark(st, 0, start)
@@ -326,8 +335,11 @@ class Walker:
         return self.m.memo.get(("def_direct", id(d)), lambda: self._find_direct_kinds(d))
 
     def _find_direct_kinds(self, d: ast.AST) -> frozenset:
-        kinds = set()
         m = self.m
+        if not m.memo.get(_DIRECT_KINDS_POSSIBLE, lambda: "grad" in m.identifiers or "backward" in m.calls_by_tail()
+                          or m.may_hold_scaler):
+            return frozenset()  # no `.grad`, no backward call, no scaler name anywhere in the file
+        kinds = set()
         scaler_kind = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE}
         for n in m.subtree(d):
             cls = n.__class__
