@@ -16,6 +16,10 @@ from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
 # A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
 # Lightning's `self.clip_gradients`); lint/frameworks decides which of them unscale first.
+# Statements with no body and no special case in `Walker._stmt`: only their expressions are scanned.
+_SIMPLE_STATEMENTS = frozenset({ast.Expr, ast.Import, ast.ImportFrom, ast.Return, ast.AugAssign, ast.AnnAssign,
+                                ast.Pass, ast.Raise, ast.Delete, ast.Global, ast.Nonlocal, ast.Assert, ast.Break,
+                                ast.Continue})
 # Memo key: the file has a `.grad`, a backward call or a scaler name (else no helper has a direct kind).
 _DIRECT_KINDS_POSSIBLE = ("direct_kinds_possible",)
 FRAMEWORK_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "unscale_gradients", "clip_gradients"})
@@ -78,6 +82,9 @@ class Walker:
         return loops, branches + ((id(stmt), idx, key, pol),), regions, nograd, guards
 
     def _stmt(self, st: ast.stmt, ctx) -> None:
+        if st.__class__ in _SIMPLE_STATEMENTS:  # most statements: none of the cases below applies
+            self._scan(st, ctx)
+            return
         loops, branches, regions, nograd, guards = ctx
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return

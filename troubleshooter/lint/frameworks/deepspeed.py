@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..analysis import kwarg, receiver, tail, text
 from . import BF16, FP16, FP32, Setup, of, imports
 from .configs import ConfigFile, configs_of
 from .values import CONFIG, LITERAL, NOTHING, Value, literal_dict, resolve
+
+_ARG = attrgetter("arg")
 
 NAME = "deepspeed"
 DS_KEYS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping",
@@ -157,7 +160,7 @@ def configs(m) -> list[DSConfig]:
 
 def uses_deepspeed(m) -> bool:
     return imports(m, "deepspeed") or bool(m.calls_named("DeepSpeedStrategy")) or (
-        any(k.arg == "deepspeed" for k in m.of_class(ast.keyword))  # class keywords too: checked below
+        "deepspeed" in set(map(_ARG, m.of_class(ast.keyword)))  # class keywords too: checked below
         and any(k.arg == "deepspeed" for c in m.calls for k in c.keywords))
 
 
