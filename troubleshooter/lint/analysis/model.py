@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 import weakref
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 from .astutil import tail, walk, walk_indexed, walk_parsed
@@ -51,7 +51,6 @@ class FileModel(Roles, AutocastResolution):
     def __init__(self, tree: ast.Module, source: str):
         self.tree = tree
         self.source = source
-        self.lines = source.splitlines()
         self.nodes, by_class = walk_indexed(tree)
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
@@ -114,6 +113,11 @@ class FileModel(Roles, AutocastResolution):
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """The source's lines, split on first use: only files with a finding (or a rule asking) need them."""
+        return self.source.splitlines()
 
     @property
     def may_hold_scaler(self) -> bool:

@@ -30,6 +30,7 @@ from .configs import ConfigFile, configs_of
 from .values import CONFIG, LITERAL, NOTHING, Value, literal_dict, resolve
 
 _ARG = attrgetter("arg")
+_DICT_MARKERS = frozenset({"zero_optimization", "train_micro_batch_size_per_gpu"})  # a dict display that is a config
 
 NAME = "deepspeed"
 DS_KEYS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping",
@@ -138,8 +139,7 @@ def configs(m) -> list[DSConfig]:
             kw = kwarg(c, "deepspeed") or kwarg(c, "hf_ds_config") or kwarg(c, "config") or (c.args[0] if c.args else None)
             add(config_from(m, kw))
         for node in m.of_class(ast.Dict):
-            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
-            if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
+            if any(k.__class__ is ast.Constant and k.value in _DICT_MARKERS for k in node.keys):
                 d = literal_dict(node, m)
                 if d and _looks_like_ds(d):
                     add(DSConfig(d, node, None, node))
