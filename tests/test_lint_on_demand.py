@@ -136,3 +136,17 @@ def test_helper_kinds_skipped_only_where_none_can_be_found(models):
         m.memo.put(_DIRECT_KINDS_POSSIBLE, True)  # force the walk
         assert [walker._find_direct_kinds(d) for d in defs] == answers == [frozenset()] * len(defs), name
     assert gated > 10
+
+
+def test_event_scopes_are_the_scopes_with_events_for_good(models):
+    """Rules that read only events loop over `event_scopes`: the scopes with an event, in order; a lazy
+    scope's later walk (reading `calls`) adds none."""
+    with_events = 0
+    for name, m in models:
+        before = [id(s) for s in m.event_scopes]
+        assert before == [id(s) for s in m.scopes if s.events], name
+        for s in m.scopes:
+            s.calls  # runs every deferred walk
+        assert [id(s) for s in m.scopes if s.events] == before, name
+        with_events += bool(before)
+    assert with_events > 100

@@ -113,6 +113,10 @@ class FileModel(Roles, AutocastResolution):
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
+        # The scopes that recorded an event, in order: the rules that read only events loop over these (a
+        # model file has hundreds of functions and none of them records one). Events are final here: a
+        # LazyScope's later walk records none.
+        self.event_scopes: list[Scope] = [s for s in self.scopes if s.events]
 
     @cached_property
     def lines(self) -> list[str]:
