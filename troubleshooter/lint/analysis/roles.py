@@ -209,6 +209,8 @@ class Roles:
     def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
+        if "scal" not in "\n".join(self.identifiers):  # one search at C speed; no name holds a newline
+            return False
         named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
         if not named:
             return False
