@@ -1,11 +1,11 @@
-"""The indexing walk (lint/analysis/astutil.py) reads each node's children through getters compiled
-from the node classes' ASDL signatures: it must list the same nodes, in the same order, with the same
-children, as the generic field-by-field walk does, on every construct the parser makes."""
+"""The indexing walk and the subtree walk (lint/analysis/astutil.py) read each node's children through
+getters compiled from the node classes' ASDL signatures: they must list the same nodes, in the same
+order, as the generic field-by-field walk does, on every construct the parser makes."""
 import ast
 from pathlib import Path
 
 from troubleshooter.lint.analysis import astutil
-from troubleshooter.lint.analysis.astutil import walk, walk_indexed
+from troubleshooter.lint.analysis.astutil import walk, walk_indexed, walk_parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,27 +54,16 @@ with open(f) as h: print(*a, sep="", **k); x = a if b else c; y = {1, 2}; z = (a
 '''
 
 
-def _generic(root):
-    """The field-by-field walk with each node's children: the reference the compiled getters must match."""
-    nodes = walk(root)
-    kids = {}
-    for n in nodes:
-        k = astutil._generic_kids(n)
-        if k:
-            kids[id(n)] = k
-    return nodes, kids
-
-
 def _same(tree):
-    nodes, children, by_class = walk_indexed(tree)
-    ref_nodes, ref_children = _generic(tree)
+    nodes, by_class = walk_indexed(tree)
+    ref_nodes = walk(tree)
     assert [id(n) for n in nodes] == [id(n) for n in ref_nodes]
-    assert {k: [id(x) for x in v] for k, v in children.items()} == \
-        {k: [id(x) for x in v] for k, v in ref_children.items()}
     expected = {}
     for n in ref_nodes:
         expected.setdefault(n.__class__, []).append(id(n))
     assert {c: [id(x) for x in v] for c, v in by_class.items()} == expected
+    for n in ref_nodes:  # every subtree, from the getters, as the generic walk lists it
+        assert [id(x) for x in walk_parsed(n)] == [id(x) for x in walk(n)]
 
 
 def test_every_construct_walks_like_the_generic_walk():

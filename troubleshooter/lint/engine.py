@@ -133,7 +133,7 @@ def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -
     except RecursionError:
         report.errors.append(LintError(unit.path, "code is nested too deeply to analyse"))
         return report
-    lines = model.lines
+    lines: list[str] | None = None  # split only when a rule hits
     seen = set()
     for rule in rules:
         try:
@@ -146,6 +146,8 @@ def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -
             if key in seen:
                 continue
             seen.add(key)
+            if lines is None:
+                lines = model.lines
             src = lines[h.line - 1] if 0 < h.line <= len(lines) else ""
             codes = _noqa_codes(src)
             if codes is not None and (not codes or any(rule.id.startswith(c) for c in codes)):

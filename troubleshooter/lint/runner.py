@@ -6,6 +6,7 @@ import gc
 from contextlib import contextmanager
 
 from .engine import LintReport, lint_unit
+from .frameworks.configs import listing_cache
 from .source import LintError, SourceUnit, iter_inputs, notebook_unit
 
 
@@ -25,7 +26,7 @@ def named_stdin(item: SourceUnit | LintError, name: str) -> SourceUnit | LintErr
 def lint_inputs(paths: list[str], rules, stdin_filename: str | None = None, cache=None) -> LintReport:
     """Every input linted with `rules`; unreadable ones become errors, the others still reported."""
     report = LintReport()
-    with _no_cyclic_gc():
+    with _no_cyclic_gc(), listing_cache():
         _lint_all(report, paths, rules, stdin_filename, cache)
     return report
 

@@ -97,32 +97,47 @@ def _generic_kids(n: ast.AST) -> list[ast.AST]:
     return kids
 
 
-def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[int, list[ast.AST]], dict[type, list[ast.AST]]]:
-    """`walk(root)` of a tree straight from the parser, plus each node's children, so later walks of any
-    subtree skip the field lookups, and the nodes of each class in walk order (rules that look for a
-    few node kinds scan those lists instead of every node)."""
+def kids_of(cls: type) -> Callable[[ast.AST], list[ast.AST]] | None:
+    """The compiled children getter of a node class (None: it has no children)."""
+    try:
+        return _KIDS[cls]
+    except KeyError:
+        getter = _KIDS[cls] = _kids_getter(cls)
+        return getter
+
+
+def walk_indexed(root: ast.AST) -> tuple[list[ast.AST], dict[type, list[ast.AST]]]:
+    """`walk(root)` of a tree straight from the parser, plus the nodes of each class in walk order (rules
+    that look for a few node kinds scan those lists instead of every node). No per-node child lists are
+    kept: later walks of a subtree (`walk_parsed`) call the same getters again, on a fifth of the nodes."""
     out = [root]
-    children: dict[int, list[ast.AST]] = {}
     by_class: dict[type, list[ast.AST]] = {}
-    getters = _KIDS
-    i = 0
-    while i < len(out):
-        n = out[i]
-        i += 1
+    table: dict[type, tuple] = {}  # class -> (its bucket's append, its children getter): one lookup per node
+    for n in out:  # `out` grows while it is read: a breadth-first walk, as `walk` does
         cls = n.__class__
-        bucket = by_class.get(cls)
-        if bucket is None:
-            by_class[cls] = bucket = []
-            if cls not in getters:
-                getters[cls] = _kids_getter(cls)
-        bucket.append(n)
-        kids_of = getters[cls]
-        if kids_of is not None:
-            kids = kids_of(n)
-            if kids:
-                children[id(n)] = kids
-                out += kids
-    return out, children, by_class
+        try:
+            add, get = table[cls]
+        except KeyError:
+            bucket = by_class[cls] = []
+            add, get = table[cls] = (bucket.append, kids_of(cls))
+        add(n)
+        if get is not None:
+            out += get(n)
+    return out, by_class
+
+
+def walk_parsed(node: ast.AST) -> list[ast.AST]:
+    """`walk(node)` through the compiled getters: same nodes, same order (tests/test_lint_walk.py)."""
+    out = [node]
+    getters = _KIDS
+    for n in out:
+        try:
+            get = getters[n.__class__]
+        except KeyError:
+            get = kids_of(n.__class__)
+        if get is not None:
+            out += get(n)
+    return out
 
 
 _Name, _Attribute = ast.Name, ast.Attribute

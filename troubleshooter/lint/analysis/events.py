@@ -164,22 +164,26 @@ class Scope:
 
 
 class LazyScope(Scope):
-    """A function that records no event and holds no `with`: nothing of it is needed unless a rule asks
-    which functions it calls (`calls`), so its statements are walked (for call names) only then."""
+    """A scope whose call names (`calls`) are partly or wholly found on first use: a function that records
+    no event and holds no `with` is not walked at all until a rule asks which functions it calls, and a
+    walked scope leaves the call names of its expressions that can record no event for then (walker.py)."""
 
     _calls: set[str] | None = None
     _walk = None
 
     def walk_later(self, walk) -> None:
-        """`walk(scope)` fills `calls` (and the statement lists) when they are first asked for."""
+        """`walk(scope)` completes `calls` (and, for a scope not walked yet, the statement lists) when
+        they are first asked for."""
         self._walk = walk
 
     @property
     def calls(self) -> set[str]:
+        walk = self._walk
         if self._calls is None:
             self._calls = set()
-            if self._walk is not None:
-                self._walk(self)
+        if walk is not None:
+            self._walk = None
+            walk(self)
         return self._calls
 
     @calls.setter

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import ast
 import weakref
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
-from .astutil import tail, walk, walk_indexed
+from .astutil import tail, walk, walk_indexed, walk_parsed
 from .autocast import Autocast, AutocastResolution
 from .events import LazyScope, Scope
 from .names import Names
@@ -51,12 +51,12 @@ class FileModel(Roles, AutocastResolution):
     def __init__(self, tree: ast.Module, source: str):
         self.tree = tree
         self.source = source
-        self.lines = source.splitlines()
-        self.nodes, self._children, by_class = walk_indexed(tree)
+        self.nodes, by_class = walk_indexed(tree)
         self.memo = Memo()
         self.script_path: str | None = None  # set by the engine for files read from disk (framework configs)
         self.memo.put(("subtree", id(tree)), self.nodes)
-        self.memo.put(("by_class",), by_class)
+        self._by_class = by_class
+        self._calls_index: dict[str, list[int]] | None = None  # calls_by_tail, built on first use
         self.names = Names(self.in_walk_order(self.of_class(ast.Import), self.of_class(ast.ImportFrom)))
         self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
         self.consts: dict[str, ast.AST] = {}
@@ -75,6 +75,7 @@ class FileModel(Roles, AutocastResolution):
         self.identifiers: set[str] = set()
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
+        self.scaler_named = False  # some name or attribute of the file holds "scaler" (roles.py)
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
         self._round_trips: set[int] = set()
@@ -88,13 +89,13 @@ class FileModel(Roles, AutocastResolution):
     def _build_scopes(self) -> None:
         defs = self.in_walk_order(self.of_class(ast.FunctionDef), self.of_class(ast.AsyncFunctionDef))
         capable = event_capable_defs(self, defs)  # first: the walks below skip helpers that record nothing
-        self.scopes.append(Walker(self, Scope(self.tree, "<module>", None)).run(self.tree.body))
+        self.scopes.append(Walker(self, LazyScope(self.tree, "<module>", None)).run(self.tree.body))
         with_defs = defs_holding(self, defs, (ast.With, ast.AsyncWith))
         later = partial(_walk_later, weakref.ref(self))
         for node in defs:
             cls = self.parents_of_func.get(id(node))
             lazy = id(node) not in capable and id(node) not in with_defs  # no event, no autocast region
-            scope = (LazyScope if lazy else Scope)(node, node.name, cls.name if cls else None)
+            scope = LazyScope(node, node.name, cls.name if cls else None)
             regions: list[Autocast] = []
             for d in node.decorator_list:
                 if self.is_nograd(d) or (isinstance(d, (ast.Name, ast.Attribute)) and
@@ -112,6 +113,21 @@ class FileModel(Roles, AutocastResolution):
         self.by_name: dict[str, list[Scope]] = {}
         for s in self.scopes:
             self.by_name.setdefault(s.name, []).append(s)
+        # The scopes that recorded an event, in order: the rules that read only events loop over these (a
+        # model file has hundreds of functions and none of them records one). Events are final here: a
+        # LazyScope's later walk records none.
+        self.event_scopes: list[Scope] = [s for s in self.scopes if s.events]
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """The source's lines, split on first use: only files with a finding (or a rule asking) need them."""
+        return self.source.splitlines()
+
+    @property
+    def may_hold_scaler(self) -> bool:
+        """False when no name of the file can be a loss scaler (`is_scaler` is False for every key): no
+        GradScaler construction, no `.scale`/`.unscale_` on a `*scal*` receiver, no `*scaler*` name."""
+        return bool(self.scaler_ctor or self.scaler_method_keys or self.scaler_named)
 
     @property
     def calls(self) -> list[ast.Call]:
@@ -122,11 +138,18 @@ class FileModel(Roles, AutocastResolution):
         """The calls whose function's last name (`f` of `x.f(...)` / `f(...)`) is one of `names`, in walk
         order: rules and framework adapters look for a few names among every call of the file, and
         scanning all of them each time cost more than the rules' own work (the index is built once)."""
-        index = self.memo.get(("calls_by_tail",), self._index_calls)
+        index = self.calls_by_tail()
         calls = self.calls
         if len(names) == 1:
             return [calls[i] for i in index.get(names[0], ())]
         return [calls[i] for i in sorted(i for name in set(names) for i in index.get(name, ()))]
+
+    def calls_by_tail(self) -> dict[str, list[int]]:
+        """Each function name called in the file -> the positions in `calls` of its calls, in walk order."""
+        index = self._calls_index
+        if index is None:
+            index = self._calls_index = self._index_calls()
+        return index
 
     def _index_calls(self) -> dict[str, list[int]]:
         index: dict[str, list[int]] = {}
@@ -136,15 +159,26 @@ class FileModel(Roles, AutocastResolution):
                 index.setdefault(t, []).append(i)
         return index
 
-    def call_quals(self) -> list[str]:
-        """Each call's qualified function name (`names.qual(c.func) or ""`), aligned with `calls`:
-        resolved once per file for the several rules that look at every call's full name."""
-        return self.memo.get(("call_quals",), lambda: [self.names.qual(c.func) or "" for c in self.calls])
+    def calls_resolving(self, last: Callable[[str], bool], tails: tuple[str, ...] = ()) -> list[tuple[ast.Call, str]]:
+        """(call, qualified function name, `names.qual(c.func) or ""`) for every call whose qualified name's
+        last component passes `last`, or whose function's last name is one of `tails`, in walk order.
+
+        The rules that look for a few full names (`torch.autocast`, `...DistributedDataParallel`) resolve
+        only these: a qualified name ends in the function's own last name (`a.b.f` -> `f`) unless the
+        function is a bare imported alias (`from x import f as g`; `g` -> `x.f`), so a call outside the
+        name index's matches and the aliases' matches cannot have a qualified name that passes `last`."""
+        index = self.calls_by_tail()
+        wanted = {t for t in index if t in tails or last(t)}
+        wanted.update(local for local, qual in self.names.alias.items()
+                      if local in index and last(qual.rpartition(".")[2]))
+        calls, qual = self.calls, self.names.qual
+        picked = sorted(i for t in wanted for i in index[t])
+        return [(calls[i], qual(calls[i].func) or "") for i in picked]
 
     def of_class(self, cls: type) -> list[ast.AST]:
         """Every node of exactly this class, in walk order: rules that look for a few node kinds scan
         these short lists instead of every node of the file (the index is built once, on first use)."""
-        return self.memo.peek(("by_class",)).get(cls, [])
+        return self._by_class.get(cls, [])
 
     def in_walk_order(self, first: list[ast.AST], second: list[ast.AST]) -> list[ast.AST]:
         """Two lists of this file's nodes, each in walk order (two kinds of the class index), as one list
@@ -169,18 +203,11 @@ class FileModel(Roles, AutocastResolution):
         return self.memo.get(("subtree", id(node)), lambda: self.walk(node))
 
     def walk(self, node: ast.AST) -> list[ast.AST]:
-        """`walk(node)` for a node of this file's tree, from the child lists built once at parse time."""
-        if id(node) not in self._children and not isinstance(node, (ast.Name, ast.Constant)):
-            return walk(node)  # a node made after parsing (or a leaf): walk it directly
-        out = [node]
-        i = 0
-        children = self._children
-        while i < len(out):
-            kids = children.get(id(out[i]))
-            i += 1
-            if kids:
-                out += kids
-        return out
+        """`walk(node)` for a node of this file's tree, through the compiled getters."""
+        try:
+            return walk_parsed(node)
+        except AttributeError:  # a node made after parsing without all its fields: the generic walk skips those
+            return walk(node)
 
     def scope_of(self, node: ast.AST) -> Scope:
         """The innermost function scope whose lines contain `node` (the module scope otherwise)."""

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 # Memo key of the ids of every def of the file that may record an event, itself or through the helpers it
 # calls: `Walker._call` summarises a call to any other local helper as nothing without walking it.
 EVENT_HELPERS = ("event_helpers",)
+# Memo key of the sorted lines of every node that `Walker._exprs` may make an event of: trigger calls, `.grad`
+# reads, calls to a helper of EVENT_HELPERS. A statement holding none of these lines records no event.
+EVENT_LINES = ("event_lines",)
 
 _TRIGGER_TAILS = frozenset({"backward", "manual_backward", "step", "zero_grad", "clip_grad_norm_",
                             "clip_grad_value_", "unscale_gradients", "clip_gradients"}) | CLIP_NAMES
@@ -35,25 +38,33 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
     trig_lines: list[int] = []
     helper: list[tuple[int, str]] = []  # (line, name) of calls that `_call` may summarise as a local helper
     functions = m.functions
+    calls = m.calls
     scaler_memo: dict[str, bool] = {}
-    Call, Name = ast.Call, ast.Name
-    for c in m.of_class(Call):
-        f = c.func
-        t = tail(f)
-        r = f.value if f.__class__ is ast.Attribute else None
-        rk = tail(r) if r is not None else None
-        if t is not None and (t in _TRIGGER_TAILS or "save" in t.lower()):
-            trig_lines.append(c.lineno)
+    # Read by name from the file's call index (each distinct name once, not each call): a call with no
+    # name (`f()()`) has no receiver either, and can neither trigger an event nor call a helper.
+    for t, where in m.calls_by_tail().items():
+        if t in _TRIGGER_TAILS or "save" in t.lower():
+            trig_lines += [calls[i].lineno for i in where]
             continue
-        if rk:
-            hit = scaler_memo.get(rk)
-            if hit is None:
-                hit = scaler_memo[rk] = m.is_scaler(rk)
-            if hit:
-                trig_lines.append(c.lineno)
-                continue
-        if t in functions and (r is None or rk == "self" or (r.__class__ is Name and r.id == "self")):
-            helper.append((c.lineno, t))
+        if m.may_hold_scaler:
+            rest = []
+            for i in where:
+                f = calls[i].func
+                rk = tail(f.value) if f.__class__ is ast.Attribute else None
+                if rk:
+                    hit = scaler_memo.get(rk)
+                    if hit is None:
+                        hit = scaler_memo[rk] = m.is_scaler(rk)
+                    if hit:
+                        trig_lines.append(calls[i].lineno)
+                        continue
+                rest.append(i)
+            where = rest
+        if t in functions:
+            for i in where:
+                f = calls[i].func
+                if f.__class__ is not ast.Attribute or tail(f.value) == "self":
+                    helper.append((calls[i].lineno, t))
     if "grad" in m.identifiers:  # every attribute name is there, lower-cased: most files have no `.grad`
         trig_lines += [a.lineno for a in m.of_class(ast.Attribute) if a.attr == "grad"]
     trig_lines.sort()
@@ -84,6 +95,7 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 hot_names.add(d.name)
                 changed = True
     m.memo.put(EVENT_HELPERS, frozenset(hot))
+    m.memo.put(EVENT_LINES, sorted(trig_lines + [line for line, name in helper if name in hot_names]))
     return {id(d) for d in defs
             if id(d) in hot or has_trigger(d) or helper_names(d) & hot_names}
 

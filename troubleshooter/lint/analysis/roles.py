@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import ast
 import re
+from operator import attrgetter
 
 from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwarg, peel, receiver, tail, text
 from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
 
 
+_ID, _ATTR = attrgetter("id"), attrgetter("attr")
+_FINITE_CHECKS = ("isfinite", "isnan", "isinf", "nan_to_num", "isfinite_", "all_finite")
+_CASTS = ("half", "bfloat16", "to")
+# methods a scaler is an argument of without being handed to code that may update it
+_NOT_HANDING_ON = frozenset({"step", "unscale_", "scale", "update", "state_dict", "load_state_dict", "save", "print",
+                             "isinstance"})
 _SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
 _OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
 
@@ -19,10 +26,12 @@ class Roles:
         """One pass per node kind over the class index (walk order within each kind), not a dispatch
         over every node: names and attributes, most of a file, only feed the identifier set."""
         of = self.of_class
-        self.identifiers.update({n.id.lower() for n in of(ast.Name)}, {n.attr.lower() for n in of(ast.Attribute)})
-        scaler_names = any("scaler" in i for i in self.identifiers)
-        for node in of(ast.Call):
-            self._collect_call(node, scaler_names)
+        # the distinct names first, at C speed (most names repeat), then each lower-cased once
+        distinct = set(map(_ID, of(ast.Name)))
+        distinct.update(map(_ATTR, of(ast.Attribute)))
+        self.identifiers.update({i.lower() for i in distinct})
+        self.scaler_named = scaler_names = any("scaler" in i for i in self.identifiers)
+        self._collect_calls(scaler_names)
         assign_counts: dict[str, int] = {}
         for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
             for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
@@ -54,32 +63,42 @@ class Roles:
             for v in values:
                 self._classify_value(k, v)
 
-    def _collect_call(self, node: ast.Call, scaler_names: bool) -> None:
-        """`scaler_names`: some identifier of the file holds "scaler" (else no argument below can)."""
-        t = func_tail(node)
-        r = receiver(node)
-        rk = tail(r) if r is not None else None
-        if t in {"isfinite", "isnan", "isinf", "nan_to_num", "isfinite_", "all_finite"}:
+    def _collect_calls(self, scaler_names: bool) -> None:
+        """What calls of a few names say (finiteness checks, scaler methods, half casts, frozen weights),
+        read from the call index by name, each name's calls in walk order. `scaler_names`: some identifier
+        of the file holds "scaler" (else no argument can be a scaler handed on)."""
+        index = self.calls_by_tail()
+        if any(t in index for t in _FINITE_CHECKS):
             self.has_isfinite = True
-        if rk and t in {"scale", "unscale_"} and "scal" in rk.lower():
-            self.scaler_method_keys.add(rk)
-        if t == "float" and isinstance(r, ast.Call) and func_tail(r) in {"half", "bfloat16", "to"}:
-            self._round_trips.add(id(r))  # model.half().float(): back in float32 (parents are seen first)
-        if t in {"half", "bfloat16", "to"} and id(node) not in self._round_trips:
-            base = chain_base(r)
-            if base and t == "to":
+        for node in self.calls_named("scale", "unscale_"):
+            r = receiver(node)
+            rk = tail(r) if r is not None else None
+            if rk and "scal" in rk.lower():
+                self.scaler_method_keys.add(rk)
+        for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
+            r = receiver(node)
+            if isinstance(r, ast.Call) and func_tail(r) in _CASTS:
+                self._round_trips.add(id(r))
+        for node in self.calls_named(*_CASTS):  # in walk order: the first cast of a base is kept
+            if id(node) in self._round_trips:
+                continue
+            base = chain_base(receiver(node))
+            if base and func_tail(node) == "to":
                 self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
             elif base:
                 self.halved.setdefault(base, node)
-        if t == "requires_grad_" and r is not None and node.args and is_false(node.args[0]):
-            self.frozen.add(tail(r) or "")
+        for node in self.calls_named("requires_grad_"):
+            r = receiver(node)
+            if r is not None and node.args and is_false(node.args[0]):
+                self.frozen.add(tail(r) or "")
         if not scaler_names:
             return
-        for a in node.args:
-            k = tail(a)
-            if k and "scaler" in k.lower() and t not in {"step", "unscale_", "scale", "update", "state_dict",
-                                                         "load_state_dict", "save", "print", "isinstance"}:
-                self._passed_to.append((k, t))
+        for node in self.calls:
+            t = func_tail(node)
+            for a in node.args:
+                k = tail(a)
+                if k and "scaler" in k.lower() and t not in _NOT_HANDING_ON:
+                    self._passed_to.append((k, t))
 
     def _classify_value(self, key: str, value: ast.AST) -> None:
         value = peel(value)
@@ -190,6 +209,8 @@ class Roles:
     def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
+        if "scal" not in "\n".join(self.identifiers):  # one search at C speed; no name holds a newline
+            return False
         named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
         if not named:
             return False

@@ -3,16 +3,25 @@ from __future__ import annotations
 
 import ast
 import re
+import weakref
+from bisect import bisect_left
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .astutil import dict_like, func_tail, grad_of, is_grad_read, receiver, tail, walk
 from .events import (BACKWARD, CLIP, FW_CLIP, GET_SCALE, GRAD, HELPER_BACKWARD, HELPER_OPT_STEP, OPT_STEP, SAVE, SCALE, SCALER_STEP,
-                     SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, Loop, Scope, cond_key)
-from .prefilter import EVENT_HELPERS
+                     SCHED_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Guard, LazyScope, Loop, Scope, cond_key)
+from .prefilter import EVENT_HELPERS, EVENT_LINES
 from .vocab import CLIP_NAMES, MANAGED_RE, ZEROING
 
 # A framework's own clipping/unscaling calls (`accelerator.clip_grad_norm_`, `fabric.clip_gradients`,
 # Lightning's `self.clip_gradients`); lint/frameworks decides which of them unscale first.
+# Statements with no body and no special case in `Walker._stmt`: only their expressions are scanned.
+_SIMPLE_STATEMENTS = frozenset({ast.Expr, ast.Import, ast.ImportFrom, ast.Return, ast.AugAssign, ast.AnnAssign,
+                                ast.Pass, ast.Raise, ast.Delete, ast.Global, ast.Nonlocal, ast.Assert, ast.Break,
+                                ast.Continue})
+# Memo key: the file has a `.grad`, a backward call or a scaler name (else no helper has a direct kind).
+_DIRECT_KINDS_POSSIBLE = ("direct_kinds_possible",)
 FRAMEWORK_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "unscale_gradients", "clip_gradients"})
 
 if TYPE_CHECKING:
@@ -30,10 +39,39 @@ class Walker:
         self.loop_id = 0
         self._local_scaled: set[str] = set()
         self._apex_scaled: set[str] = set()
+        # lines where an event may be recorded (prefilter.py); None: not known, every expression is scanned
+        self._event_lines = model.memo.peek(EVENT_LINES) if model.memo.has(EVENT_LINES) else None
+        self._deferred: list[ast.AST] = []  # expressions holding no event line: only their call names matter
 
     def run(self, body: list[ast.stmt]) -> Scope:
         self._body(body, ((), (), self.base_regions, self.s.nograd_func, ()))
+        if self._deferred:
+            self._settle_deferred()
         return self.s
+
+    def _may_record(self, node: ast.AST) -> bool:
+        """Some line of `node` holds a node `_exprs` can make an event of (every node of a parsed
+        statement or expression lies within its lines)."""
+        lines = self._event_lines
+        if lines is None:
+            return True
+        i = bisect_left(lines, node.lineno)
+        return i < len(lines) and lines[i] <= node.end_lineno
+
+    def _scan(self, node: ast.AST, ctx) -> None:
+        """`_exprs`, or, for an expression that can record no event, its call names, left for when a
+        rule first asks for `calls` (few do): most statements of a scope that steps record nothing."""
+        if self._may_record(node):
+            self._exprs(node, ctx)
+        else:
+            self._deferred.append(node)
+
+    def _settle_deferred(self) -> None:
+        if isinstance(self.s, LazyScope):
+            self.s.walk_later(partial(_call_names_later, weakref.ref(self.m), self._deferred))
+        else:
+            for node in self._deferred:
+                self._call_names(node, None)
 
     def _body(self, body, ctx) -> None:
         for st in body:
@@ -44,11 +82,14 @@ class Walker:
         return loops, branches + ((id(stmt), idx, key, pol),), regions, nograd, guards
 
     def _stmt(self, st: ast.stmt, ctx) -> None:
+        if st.__class__ in _SIMPLE_STATEMENTS:  # most statements: none of the cases below applies
+            self._scan(st, ctx)
+            return
         loops, branches, regions, nograd, guards = ctx
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return
         if isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
-            self._exprs(st.iter if not isinstance(st, ast.While) else st.test, ctx)
+            self._scan(st.iter if not isinstance(st, ast.While) else st.test, ctx)
             count = None
             it = getattr(st, "iter", None)
             if isinstance(it, ast.Call) and func_tail(it) == "range" and len(it.args) == 1:
@@ -60,14 +101,22 @@ class Walker:
             self._body(st.orelse, ctx)
             return
         if isinstance(st, ast.If):
-            self._exprs(st.test, ctx)
-            key, pol = self._cond_key(st.test)
+            self._scan(st.test, ctx)
+            # The key, the guard and the branch kinds are read only through events inside the `if` (an
+            # accumulation guard with no event inside is no accumulation, rules/_steps.py): none is needed
+            # when its lines hold no event line.
+            inside = self._may_record(st)
+            key, pol = self._cond_key(st.test) if inside else ("", True)
             body_ctx = self._branch(ctx, st, 0, key, pol)
-            count = self._accum_count(st.test)
+            count = self._accum_count(st.test) if inside else False
             if count is not False:
                 g = Guard(st, count)
                 self.s.guards.append(g)
                 body_ctx = body_ctx[:4] + (guards + (g,),)
+            if not inside:
+                self._body(st.body, body_ctx)
+                self._body(st.orelse, self._branch(ctx, st, 1, key, not pol))
+                return
             start = self._count_start()
             self._body(st.body, body_ctx)
             self._mark(st, 0, start)
@@ -78,7 +127,7 @@ class Walker:
         if isinstance(st, (ast.With, ast.AsyncWith)):
             new_regions, new_nograd = regions, nograd
             for item in st.items:
-                self._exprs(item.context_expr, ctx)
+                self._scan(item.context_expr, ctx)
                 if isinstance(item.context_expr, ast.Call) and "scale_loss" in (func_tail(item.context_expr) or "") \
                         and isinstance(item.optional_vars, ast.Name):
                     self._apex_scaled.add(item.optional_vars.id)  # apex: amp.scale_loss(loss, opt) as scaled
@@ -103,7 +152,7 @@ class Walker:
             self._body(st.finalbody, ctx)
             return
         if type(st).__name__ == "Match":
-            self._exprs(st.subject, ctx)
+            self._scan(st.subject, ctx)
             for i, case in enumerate(st.cases):
                 start = self._count_start()
                 self._body(case.body, self._branch(ctx, st, i))
@@ -113,7 +162,7 @@ class Walker:
             for t in st.targets:
                 if tail(t):
                     self._local_scaled.add(tail(t))
-        self._exprs(st, ctx)
+        self._scan(st, ctx)
 
     _cond_key = staticmethod(cond_key)
 
@@ -293,8 +342,11 @@ class Walker:
         return self.m.memo.get(("def_direct", id(d)), lambda: self._find_direct_kinds(d))
 
     def _find_direct_kinds(self, d: ast.AST) -> frozenset:
-        kinds = set()
         m = self.m
+        if not m.memo.get(_DIRECT_KINDS_POSSIBLE, lambda: "grad" in m.identifiers or "backward" in m.calls_by_tail()
+                          or m.may_hold_scaler):
+            return frozenset()  # no `.grad`, no backward call, no scaler name anywhere in the file
+        kinds = set()
         scaler_kind = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE}
         for n in m.subtree(d):
             cls = n.__class__
@@ -336,6 +388,7 @@ class LightWalker(Walker):
     regions and call names, without looking at what each call does (no branch keys, no guards)."""
 
     _exprs = Walker._call_names
+    _scan = Walker._call_names
 
     @staticmethod
     def _cond_key(test: ast.AST) -> tuple[str, bool]:
@@ -345,6 +398,20 @@ class LightWalker(Walker):
     def _accum_count(self, test: ast.AST):
         """Nor is an accumulation guard: guards only matter for the events inside them (rules/_steps.py)."""
         return False
+
+
+def _call_names_later(model_ref, nodes: list[ast.AST], scope: Scope) -> None:
+    """The call names of a walked scope's deferred expressions, on first use of `scope.calls`. The model
+    is held weakly, as for a LazyScope's walk (model.py): no reference cycle."""
+    calls = scope.calls
+    walk_of = model_ref().walk
+    Call = ast.Call
+    for node in nodes:
+        for n in walk_of(node):
+            if n.__class__ is Call:
+                t = tail(n.func)
+                if t:
+                    calls.add(t)
 
 
 def accum_count(test: ast.AST):

@@ -112,9 +112,9 @@ def prepared_entries(m, keys: set[str], methods: set[str]) -> list[tuple[str, in
         if k:
             out.append((k, line, isinstance(node, ast.Attribute)))
 
-    for c in m.calls:
+    for c in m.calls_named(*methods):
         r = receiver(c)
-        if func_tail(c) in methods and r is not None and tail(r) in keys:
+        if r is not None and tail(r) in keys:
             for a in c.args:
                 add(a, c.lineno)
     for node in m.of_class(ast.Assign):

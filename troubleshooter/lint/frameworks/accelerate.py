@@ -95,9 +95,10 @@ def find(m) -> list[Setup]:
     if not ctors and not imports(m, "accelerate"):
         return []
     own: dict[int, set[str]] = {}  # id(ctor) -> the names it is assigned to
-    for k, values in m.assigns.items():
+    ctor_ids = {id(c) for c in ctors}  # every call `_is_accelerator_ctor` accepts is among them
+    for k, values in (m.assigns.items() if ctors else ()):
         for v in values:
-            if isinstance(v, ast.Call) and _is_accelerator_ctor(m, v):
+            if id(v) in ctor_ids:
                 own.setdefault(id(v), set()).add(k)
     keys = {"accelerator"}.union(*own.values()) if own else {"accelerator"}
     prepared = prepared_keys(m, keys)  # (name, line, attribute)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,37 @@ def _parse_now(path: str) -> ConfigFile | None:
     return cfg
 
 
+# folder -> its config file names, for the duration of one lint run (`listing_cache`); None outside one
+_RUN_LISTINGS: ContextVar[dict[str, list[str]] | None] = ContextVar("config_listings", default=None)
+
+
+@contextmanager
+def listing_cache():
+    """List each folder once for the run inside this block: every script of a folder asks for the config
+    files beside it, and a tree has thousands of scripts in a few hundred folders."""
+    token = _RUN_LISTINGS.set({})
+    try:
+        yield
+    finally:
+        _RUN_LISTINGS.reset(token)
+
+
+def _config_names(folder: str) -> list[str]:
+    """The config file names in `folder`, sorted, at most MAX_FILES (none when it is not a folder)."""
+    cache = _RUN_LISTINGS.get()
+    if cache is not None and folder in cache:
+        return cache[folder]
+    names: list[str] = []
+    if os.path.isdir(folder):
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(_SUFFIXES))[:MAX_FILES]
+        except OSError:
+            names = []
+    if cache is not None:
+        cache[folder] = names
+    return names
+
+
 class Configs:
     """The configuration files beside one script, parsed lazily and once."""
 
@@ -136,12 +169,8 @@ class Configs:
     def beside(self) -> list[ConfigFile]:
         if self._beside is None:
             self._beside = []
-            if self.folder and os.path.isdir(self.folder):
-                try:
-                    names = sorted(n for n in os.listdir(self.folder) if n.endswith(_SUFFIXES))[:MAX_FILES]
-                except OSError:
-                    names = []
-                for n in names:
+            if self.folder:
+                for n in _config_names(self.folder):
                     cfg = self.named(n)
                     if cfg is not None:
                         self._beside.append(cfg)

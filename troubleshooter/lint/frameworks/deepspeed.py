@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..analysis import kwarg, receiver, tail, text
 from . import BF16, FP16, FP32, Setup, of, imports
 from .configs import ConfigFile, configs_of
 from .values import CONFIG, LITERAL, NOTHING, Value, literal_dict, resolve
+
+_ARG = attrgetter("arg")
+_DICT_MARKERS = frozenset({"zero_optimization", "train_micro_batch_size_per_gpu"})  # a dict display that is a config
 
 NAME = "deepspeed"
 DS_KEYS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping",
@@ -135,8 +139,7 @@ def configs(m) -> list[DSConfig]:
             kw = kwarg(c, "deepspeed") or kwarg(c, "hf_ds_config") or kwarg(c, "config") or (c.args[0] if c.args else None)
             add(config_from(m, kw))
         for node in m.of_class(ast.Dict):
-            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
-            if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
+            if any(k.__class__ is ast.Constant and k.value in _DICT_MARKERS for k in node.keys):
                 d = literal_dict(node, m)
                 if d and _looks_like_ds(d):
                     add(DSConfig(d, node, None, node))
@@ -157,7 +160,7 @@ def configs(m) -> list[DSConfig]:
 
 def uses_deepspeed(m) -> bool:
     return imports(m, "deepspeed") or bool(m.calls_named("DeepSpeedStrategy")) or (
-        any(k.arg == "deepspeed" for k in m.of_class(ast.keyword))  # class keywords too: checked below
+        "deepspeed" in set(map(_ARG, m.of_class(ast.keyword)))  # class keywords too: checked below
         and any(k.arg == "deepspeed" for c in m.calls for k in c.keywords))
 
 

@@ -58,7 +58,7 @@ def setups(m) -> list[Setup]:
 
 def find(m) -> list[Setup]:
     out = []
-    for c, q in zip(m.calls, m.call_quals()):
+    for c, q in m.calls_resolving(lambda last: last.endswith("FullyShardedDataParallel"), ("FSDP", "fully_shard")):
         t = func_tail(c)
         if q.endswith("FullyShardedDataParallel") or (t == "FSDP" and "fsdp" in (m.names.alias.get("FSDP") or "").lower()):
             dtype, policy = _policy_dtype(m, kwarg(c, "mixed_precision"), "MixedPrecision")

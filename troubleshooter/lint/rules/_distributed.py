@@ -26,7 +26,8 @@ def qual(m: FileModel, call: ast.Call) -> str:
 
 def ddp_calls(m: FileModel) -> list[ast.Call]:
     """`DistributedDataParallel(...)` (or an alias such as `DDP(...)`)."""
-    return [c for c, q in zip(m.calls, m.call_quals()) if q.endswith("DistributedDataParallel")
+    return [c for c, q in m.calls_resolving(lambda last: last.endswith("DistributedDataParallel"), ("DDP",))
+            if q.endswith("DistributedDataParallel")
             or (func_tail(c) == "DDP" and "DistributedDataParallel" in m.names.alias.get("DDP", ""))]
 
 

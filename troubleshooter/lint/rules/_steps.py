@@ -20,7 +20,7 @@ def trains(m: FileModel, scope: Scope, unmanaged: bool = False) -> bool:
 def training_regions(m: FileModel, dtypes=("fp16",), unmanaged: bool = False) -> Iterator[tuple[Scope, Autocast, ast.AST]]:
     """Autocast regions of the given dtype that run with grad, in code that trains."""
     for s in m.scopes:
-        if s.is_eval:
+        if not s.regions or s.is_eval:  # most scopes have no region: skip the name test
             continue
         for ac, with_node, nograd in s.regions:
             if ac.active and ac.dtype in dtypes and not nograd and trains(m, s, unmanaged):

@@ -59,7 +59,7 @@ scaler.update()
         """`def step(self): clip(...); self.scaler.step(opt)` with the scaled backward in another method."""
         if not any(e.kind == BACKWARD and e.scaled and not e.managed for s in m.scopes for e in s.events):
             return
-        for s in m.scopes:
+        for s in m.event_scopes:
             if s.of(BACKWARD):
                 continue
             steps = [e for e in s.of(SCALER_STEP) if not e.via_call and m.scaler_enabled(e.recv)]
@@ -78,7 +78,7 @@ scaler.update()
                              scaler=scaler, optimizer=known or "optimizer", optimizer_known=known)
 
     def _same_scope(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             bws = [e for e in s.events if e.kind == BACKWARD and e.scaled and not e.managed
                    and m.scaler_enabled(e.recv)]
             for c in s.of(CLIP):

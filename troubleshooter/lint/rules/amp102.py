@@ -29,7 +29,7 @@ scaler.step(optimizer)
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Working with unscaled gradients)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             bws = [e for e in s.events if e.kind == BACKWARD and e.scaled and not e.managed
                    and m.scaler_enabled(e.recv)]
             if not bws:

@@ -27,7 +27,7 @@ loss.backward()
     references = ('https://pytorch.org/docs/stable/amp.html (autocast: backward passes under autocast are not recommended)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(BACKWARD):
                 if e.under_autocast is not None and not e.via_call:
                     yield Hit.at(e.node, f"backward runs inside the autocast block opened on line {e.under_autocast.line}")

@@ -29,7 +29,7 @@ scaler.update()
     references = ('https://pytorch.org/docs/stable/amp.html (autocast)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(OPT_STEP, SCALER_STEP):
                 if e.under_autocast is not None and not e.via_call:
                     yield Hit.at(e.node, f"optimizer step inside the autocast block opened on line {e.under_autocast.line}")

@@ -46,7 +46,7 @@ if scaler.get_scale() >= scale_before:  # the step was not skipped
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             if s.of(GET_SCALE):
                 continue
             steps = [e for e in s.of(SCALER_STEP) if not e.via_call]

@@ -36,7 +36,7 @@ if (i + 1) % accum_steps == 0:
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             for acc in accumulations(s):
                 if acc.count is None or divides_by(m, acc.count) or _summed_by_design(m) \
                         or _counted_in_samples(m, acc.count):

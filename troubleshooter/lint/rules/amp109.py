@@ -34,7 +34,7 @@ for i, batch in enumerate(loader):
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Gradient accumulation)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             seen = set()
             for acc in accumulations(s):
                 for e in s.of(UPDATE, SCALER_STEP):

@@ -141,7 +141,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         if not scalers:
             return
         saves = []
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(SAVE):
                 contents = checkpoint_contents(m, s, e.arg)
                 if contents is None and isinstance(e.arg, ast.Call) and tail(e.arg.func) == "state_dict":

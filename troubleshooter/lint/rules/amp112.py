@@ -32,7 +32,7 @@ scaler.update()
 
     def check(self, m):
         yield from _per_micro_batch(m)
-        for s in m.scopes:
+        for s in m.event_scopes:
             uns = [e for e in s.of(UNSCALE) if not e.via_call or _helper_always_unscales(m, e)]
             updates = s.of(UPDATE)
             for i, b in enumerate(uns):
@@ -71,7 +71,7 @@ def _helper_always_unscales(m, e) -> bool:
 def _per_micro_batch(m):
     """`unscale_` on every micro-batch of an accumulation loop: the second micro-batch raises
     "unscale_() has already been called on this optimizer since the last update()"."""
-    for s in m.scopes:
+    for s in m.event_scopes:
         for acc in accumulations(s):
             for e in s.of(UNSCALE):
                 if e.via_call or not acc.per_micro(e) or not any(b.order < e.order for b in acc.backwards):

@@ -43,7 +43,7 @@ optimizer.zero_grad()
 
     def check(self, m):
         by_key: dict[str, dict[str, list]] = {}
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(SCALER_STEP, UPDATE, SCALE):
                 if e.via_call or not e.recv:
                     continue

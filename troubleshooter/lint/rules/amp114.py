@@ -53,7 +53,7 @@ scaler.update()
     references = ('https://pytorch.org/docs/stable/amp.html (Gradient scaling)',)
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(BACKWARD):
                 if e.managed or e.scaled or e.arg is None:
                     continue

@@ -39,7 +39,7 @@ scaler.update()
         return fixer.add(start, end, f"{scaler}.scale({fixer.src.text[start:end]})")
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             steps = [e for e in s.of(SCALER_STEP) if not e.via_call and m.scaler_enabled(e.recv)]
             if not steps:
                 continue

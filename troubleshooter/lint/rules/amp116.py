@@ -40,7 +40,7 @@ scaler.update()
         return fixer.add(start, end, f"{scaler}.step({fixer.src.text[opt_start:opt_end]})")
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             for h, b in self._helper_hits(s, m):
                 yield Hit.at(h.node, f"`{text(h.node.func)}()` steps the optimizer directly (no `scaler.step`) on "
                                      f"gradients still multiplied by the loss scale (scaled backward on line {b.line})",

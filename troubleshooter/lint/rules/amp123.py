@@ -32,7 +32,7 @@ optimizer.step()
     def check(self, m):
         if m.has_isfinite:
             return
-        for s in m.scopes:
+        for s in m.event_scopes:
             if s.is_eval:
                 continue
             bws = [e for e in s.of(BACKWARD) if not e.managed and not e.scaled]

@@ -29,7 +29,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
         if not m.halved:
             return
         trained = trained_half_models(m)
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(SAVE):
                 if e.arg is None:
                     continue

@@ -31,7 +31,7 @@ with torch.amp.autocast("cuda", enabled=use_amp):
     references = ('https://pytorch.org/docs/stable/amp.html (torch.autocast)',)
 
     def check(self, m):
-        for n, q in zip(m.calls, m.call_quals()):
+        for n, q in m.calls_resolving(lambda last: last == "autocast"):  # every name of _DEVICE_GENERIC
             if n.args:
                 continue
             if any(k.arg is None or k.arg == "device_type" for k in n.keywords):

@@ -56,7 +56,7 @@ scaler.update()
 
     def check(self, m):
         owner = self._owners(m)
-        for s in m.scopes:
+        for s in m.event_scopes:
             events = s.events
             for i, z1 in enumerate(events):
                 if z1.kind != ZERO_GRAD or not z1.recv:

@@ -70,7 +70,10 @@ def _scales_anywhere(m) -> bool:
     """Any scaled backward, `*.scale` or scaler `.step` in the file: a scaler may travel under another name."""
     if any(e.kind == SCALE or (e.kind == BACKWARD and e.scaled) for s in m.scopes for e in s.events):
         return True
-    for n in (m.of_class(ast.Attribute) if {"scale", "step"} & m.identifiers else ()):  # attribute names, lower-cased
+    # attribute names are in the identifier set, lower-cased; a `.step` counts only on a scaler, and no name
+    # of a file with no scaler name (`may_hold_scaler`) is one
+    looked_for = {"scale", "step"} if m.may_hold_scaler else {"scale"}
+    for n in (m.of_class(ast.Attribute) if looked_for & m.identifiers else ()):
         base = tail(n.value) or ""
         if n.attr == "scale" and ("scal" in base.lower() or m.is_scaler(base)):
             return True

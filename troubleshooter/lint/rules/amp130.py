@@ -68,7 +68,7 @@ for batch in loader:
 
     def check(self, m):
         seen: set[int] = set()
-        for s in m.scopes:
+        for s in m.event_scopes:
             if s.is_eval:
                 continue
             for b, setup in framework_backwards(m, s):

@@ -60,7 +60,7 @@ for batch in loader:
     def check(self, m):
         if not frameworks.of(m, "accelerate", "fabric", "hf_trainer"):
             return
-        for s in m.scopes:
+        for s in m.event_scopes:
             clips = [e for e in s.of(FW_CLIP, CLIP) if is_framework_call(m, e) and func_tail(e.node) in _UNSCALING
                      and e.recv != "self"]
             if not clips:

@@ -43,7 +43,7 @@ for batch in loader:
                   "https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#setup")
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             bws = framework_backwards(m, s)
             if not bws:
                 continue

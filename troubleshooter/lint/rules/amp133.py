@@ -70,7 +70,7 @@ for batch in loader:
             setups = frameworks.of(m, fw)
             if not setups:
                 continue
-            for s in m.scopes:
+            for s in m.event_scopes:
                 prepared = frameworks.prepared_in(m, fw, s)
                 if not prepared:
                     continue
@@ -104,7 +104,7 @@ for batch in loader:
         if sev is None:
             return
         step_calls = deepspeed.engine_step_calls(m, engines)
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(SCHED_STEP):
                 if not e.recv or e.recv in managed or _guarded(e):
                     continue

@@ -60,7 +60,7 @@ accelerator.save_state("checkpoints/step_1000")
             own = _OWN_CHECKPOINT[fw]
             if own and any(func_tail(c) in own for c in m.calls):
                 continue
-            for s in m.scopes:
+            for s in m.event_scopes:
                 for e in s.of(SAVE):
                     obj = e.arg
                     if func_tail(e.node) == "save" and receiver(e.node) is not None and \

@@ -61,7 +61,7 @@ trainer = pl.Trainer(accelerator="gpu", precision="16-mixed")
             if kw is not None:
                 yield Hit.at(kw, "`Accelerator(fp16=...)` is the accelerate 0.x spelling; 1.x has no `fp16` argument "
                                  "(TypeError)", 'write `Accelerator(mixed_precision="fp16")`')
-        for c, q in zip(m.calls, m.call_quals()):
+        for c, q in m.calls_resolving(lambda last: last == "initialize"):
             if q.startswith("apex.amp.") and q.endswith(".initialize"):
                 yield Hit.at(c, "apex `amp.initialize` is deprecated (NVIDIA points to torch.amp); its opt levels "
                                 "map to `torch.autocast` + `torch.amp.GradScaler`",

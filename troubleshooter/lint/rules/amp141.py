@@ -45,7 +45,7 @@ for batch in loader:
                   "https://lightning.ai/docs/pytorch/stable/model/manual_optimization.html")
 
     def check(self, m):
-        for s in m.scopes:
+        for s in m.event_scopes:
             raw = [e for e in s.of(BACKWARD) if not e.managed and not e.scaled and not e.via_call
                    and frameworks.owner(m, e.recv, s) is None]
             for e in raw:

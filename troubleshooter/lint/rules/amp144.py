@@ -67,7 +67,7 @@ trainer = pl.Trainer(precision="16-mixed", gradient_clip_val=1.0)
                 mine = _trained_by(m, setup.node, fused)
                 if mine:
                     return setup.node, "`Trainer(gradient_clip_val=...)`", mine[0]
-        for s in m.scopes:
+        for s in m.event_scopes:
             for e in s.of(FW_CLIP):
                 if func_tail(e.node) != "clip_gradients":
                     continue

@@ -49,7 +49,7 @@ for i, (x, y) in enumerate(loader):
     def check(self, m):
         if not ddp_calls(m) or mentions_sync_control(m):
             return
-        for s in m.scopes:
+        for s in m.event_scopes:
             for acc in accumulations(s):
                 bw = next((b for b in acc.backwards if not b.managed), None)
                 if bw is None:

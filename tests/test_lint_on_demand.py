@@ -1,0 +1,152 @@
+"""The parts of the lint file model that are skipped or left for later when a file cannot need them
+(issue 28) give what the full computation gives, on every in-repo lint script:
+
+- the step walker scans only the statements whose lines hold an event trigger (prefilter.EVENT_LINES)
+  and leaves the other statements' call names for the first read of `scope.calls`: the same events,
+  call names and autocast regions as a walk that scans every expression;
+- `FileModel.calls_resolving` resolves only the calls whose qualified name can match: the same calls
+  and names as resolving every call;
+- `FileModel.may_hold_scaler` is False only where `is_scaler` is False for every name of the file.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+from troubleshooter.lint.analysis import FileModel, Scope, Walker, tail
+from troubleshooter.lint.source import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*(ROOT / "tests" / "fixtures" / "lint").glob("*.py"), *(ROOT / "tests" / "lint_corpus").glob("*.py"),
+                  *(ROOT / "tests" / "lint_corpus_frameworks").rglob("*.py")])
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = []
+    for path in SCRIPTS:
+        text = path.read_text()
+        try:
+            out.append((path.name, FileModel(parse(text, str(path)), text)))
+        except SyntaxError:
+            continue  # the corpus keeps a few broken files on purpose
+    assert len(out) >= 150
+    return out
+
+
+def _event_facts(scope: Scope) -> list[tuple]:
+    return [(e.kind, e.line, e.col, e.order, e.branches, tuple(id(g.node) for g in e.guards),
+             tuple(id(lp.node) for lp in e.loops), e.autocast, e.nograd, e.recv, e.scaled, e.managed, e.via_call)
+            for e in scope.events]
+
+
+class _ScanAll(Walker):
+    """The walker as it was: every expression of every statement scanned, every `if` keyed."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._event_lines = None
+
+
+def test_walks_scanning_event_lines_only_match_full_scans(models):
+    walked = deferred = 0
+    for name, m in models:
+        for scope in m.scopes:
+            if scope.events or scope.name == "<module>":
+                deferred += getattr(scope, "_walk", None) is not None  # call names left for later
+                body = scope.node.body
+                full = _ScanAll(m, Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)).run(body)
+                assert _event_facts(scope) == _event_facts(full), (name, scope.name)
+                # what rules read through the events: the branch kinds of the statements holding one, and the
+                # accumulation guards with an event inside (rules/_steps.py skips the others)
+                held = {s for e in full.events for s, _, _, _ in e.branches}
+                assert {s: scope.branch_kinds.get(s) for s in held} == {s: full.branch_kinds.get(s) for s in held}
+                used = {id(g) for e in full.events for g in e.guards}
+                assert [id(g.node) for g in scope.guards if id(g) in {id(x) for e in scope.events for x in e.guards}] \
+                    == [id(g.node) for g in full.guards if id(g) in used]
+                assert scope.calls == full.calls, (name, scope.name)
+                assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in full.regions]
+                walked += 1
+    assert walked > 300 and deferred > 100  # the corpus does exercise the skip
+
+
+def test_calls_resolving_finds_every_matching_call(models):
+    checks = [(lambda last: last == "autocast", ()), (lambda last: last == "initialize", ()),
+              (lambda last: last.endswith("DistributedDataParallel"), ("DDP",)),
+              (lambda last: last.endswith("FullyShardedDataParallel"), ("FSDP", "fully_shard")),
+              (lambda last: last.endswith("GradScaler"), ())]
+    found = 0
+    for name, m in models:
+        for last, tails in checks:
+            every = [(c, m.names.qual(c.func) or "") for c in m.calls]
+            expected = [(id(c), q) for c, q in every if last(q.rpartition(".")[2]) or tail(c.func) in tails]
+            got = [(id(c), q) for c, q in m.calls_resolving(last, tails)]
+            assert [x for x in got if x in expected] == expected, (name, expected, got)
+            found += len(expected)
+    assert found > 50
+
+
+def test_no_scaler_name_means_no_scaler(models):
+    quiet = 0
+    for name, m in models:
+        if m.may_hold_scaler:
+            continue
+        quiet += 1
+        keys = {tail(n) for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))} | set(m.assigns)
+        assert not any(m.is_scaler(k) for k in keys), name
+    assert quiet > 20
+
+
+def test_config_folders_are_listed_once_per_run(tmp_path, monkeypatch):
+    """Every script asks for the config files beside it; a run lists each folder once, and the next run
+    lists it again (a config written between two runs is read)."""
+    import shutil
+
+    from troubleshooter.lint import lint_paths
+    from troubleshooter.lint.frameworks import configs
+
+    src = ROOT / "tests" / "fixtures" / "lint_configs" / "accelerate_yaml"
+    for i in range(3):
+        shutil.copy(src / "train.py", tmp_path / f"train_{i}.py")
+    listed = []
+    real = configs.os.listdir
+    monkeypatch.setattr(configs.os, "listdir", lambda folder: listed.append(folder) or real(folder))
+    first = lint_paths([str(tmp_path)])
+    assert listed == [str(tmp_path)]
+    assert not any("default_config.yaml" in f.message for f in first.findings)
+    shutil.copy(src / "default_config.yaml", tmp_path / "default_config.yaml")
+    second = lint_paths([str(tmp_path)])
+    assert listed == [str(tmp_path)] * 2
+    assert sum("default_config.yaml:8" in f.message for f in second.findings if f.rule == "AMP130") == 3
+
+
+def test_helper_kinds_skipped_only_where_none_can_be_found(models):
+    """`Walker._find_direct_kinds` answers nothing, without walking, for a file with no `.grad`, no
+    backward call and no scaler name: a walk of each of its functions finds nothing either."""
+    from troubleshooter.lint.analysis.walker import _DIRECT_KINDS_POSSIBLE
+
+    gated = 0
+    for name, m in models:
+        defs = m.of_class(ast.FunctionDef) + m.of_class(ast.AsyncFunctionDef)
+        walker = Walker(m, Scope(m.tree, "<module>", None))
+        answers = [walker._find_direct_kinds(d) for d in defs]
+        if not defs or m.memo.peek(_DIRECT_KINDS_POSSIBLE):
+            continue
+        gated += 1
+        m.memo.put(_DIRECT_KINDS_POSSIBLE, True)  # force the walk
+        assert [walker._find_direct_kinds(d) for d in defs] == answers == [frozenset()] * len(defs), name
+    assert gated > 10
+
+
+def test_event_scopes_are_the_scopes_with_events_for_good(models):
+    """Rules that read only events loop over `event_scopes`: the scopes with an event, in order; a lazy
+    scope's later walk (reading `calls`) adds none."""
+    with_events = 0
+    for name, m in models:
+        before = [id(s) for s in m.event_scopes]
+        assert before == [id(s) for s in m.scopes if s.events], name
+        for s in m.scopes:
+            s.calls  # runs every deferred walk
+        assert [id(s) for s in m.scopes if s.events] == before, name
+        with_events += bool(before)
+    assert with_events > 100
