@@ -137,6 +137,12 @@ def test_findings_point_at_the_op_with_module_null():
     # a module that made it in an earlier step's forward keeps the module finding
     model_event = {**rerun_event, "step": 1, "forward": {"module": "fc", "kind": "nan"}}
     assert numerics_findings({"events": [model_event], "outside": base}, [])[0].location.module == "fc"
+    # ... and in the same step's forward too: the loss was non-finite because the output was
+    assert numerics_findings({"events": [{**model_event, "step": 2}], "outside": base}, [])[0].location.module == "fc"
+    # a module that went non-finite only in a later step does not hide the loss op that came first
+    later = {**model_event, "step": 5}
+    (f,) = numerics_findings({"events": [later], "outside": base}, [])
+    assert (f.rule, f.location.path, f.location.module) == ("AMP205", "/w/losses.py", None) and f.data["step"] == 2
 
 
 CLI = ["loss-log-of-zero-bf16", "loss-fp16-overflow-in-helper", "loss-sqrt-at-zero-backward", "loss-stable-fp16"]

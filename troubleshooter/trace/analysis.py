@@ -110,8 +110,11 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     events = numerics.get("events") or []
     first = next((e for e in events if is_real(e)), None)
     outside = numerics.get("outside")
-    if outside is not None and (first is None or first.get("forward") is None and first["step"] >= outside["step"]):
-        return [outside_finding(outside)]  # the model's output was finite; the loss code made it
+    if outside is not None and (first is None or first["step"] > outside["step"]
+                                or first.get("forward") is None and first["step"] == outside["step"]):
+        # the loss code made the first non-finite value from the model's finite output; a module
+        # going non-finite only in a later step is a consequence, not the cause
+        return [outside_finding(outside)]
     if first is None:
         return []
     p = first.get("precision") or "fp32"
