@@ -75,21 +75,26 @@ def run_twice(workload, device, precisions=None, budget_s: float = 20.0, compile
 
 
 def compare(first: dict, second: dict) -> dict:
+    """Each precision but fp32, run 1 against run 2. `not_comparable` says why a pair says nothing
+    about repeatability: a run has no figure for it (the budget left it untimed: that run's reason),
+    or one was timed from a cold first step only (kernel loading), which the check does not rank."""
     out = {}
-    for p in first["results"]:
-        a = first["results"][p].get("speedup_vs_fp32")
-        b = second["results"].get(p, {}).get("speedup_vs_fp32")
-        if p == "fp32" or a is None or b is None:
-            continue
-        cold = [i for i, run in enumerate((first, second), 1) if run["results"][p].get("first_step_only")]
-        out[p] = {"run1": a, "run2": b, "rel_diff": abs(a - b) / ((a + b) / 2),
-                  # a figure from a cold first step only (kernel loading) is one the check itself
-                  # does not rank: comparing it says nothing about repeatability
-                  "not_comparable": (f"run {' and '.join(map(str, cold))} timed from a cold first step only"
-                                     if cold else None),
-                  "run1_paired": first["results"][p].get("speedup_vs_fp32_paired"),
-                  "run2_paired": second["results"][p].get("speedup_vs_fp32_paired"),
-                  "run1_spread": first["results"][p]["spread"], "run2_spread": second["results"][p]["spread"]}
+    runs = (first, second)
+    names = {p for r in runs for p in (*r["results"], *r.get("skipped", {}), *r.get("errors", {}))} - {"fp32"}
+    for p in sorted(names, key=lambda p: (p not in first["results"], p)):
+        got = [r["results"].get(p, {}) for r in runs]
+        a, b = (g.get("speedup_vs_fp32") for g in got)
+        missing = next((i for i, x in enumerate((a, b), 1) if x is None), None)
+        cold = [i for i, g in enumerate(got, 1) if g.get("first_step_only")]
+        if missing:
+            run = runs[missing - 1]
+            why = f"run {missing}: " + (run.get("skipped", {}).get(p) or run.get("errors", {}).get(p) or "no figure")
+        else:
+            why = f"run {' and '.join(map(str, cold))} timed from a cold first step only" if cold else None
+        out[p] = {"run1": a, "run2": b, "rel_diff": None if missing else abs(a - b) / ((a + b) / 2),
+                  "not_comparable": why, "missing": bool(missing),
+                  "run1_paired": got[0].get("speedup_vs_fp32_paired"), "run2_paired": got[1].get("speedup_vs_fp32_paired"),
+                  "run1_spread": got[0].get("spread"), "run2_spread": got[1].get("spread")}
     return out
 
 
@@ -125,9 +130,10 @@ def main(argv=None) -> int:
         return "n/a" if x is None else format(x, spec)
 
     for p, c in report["ratios"].items():
-        print(f"| {p} | {c['run1']:.3f}x | {c['run2']:.3f}x | {c['rel_diff']:.1%} | "
+        diff = fmt(c["rel_diff"], ".1%") + (f" ({c['not_comparable']})" if c["not_comparable"] else "")
+        print(f"| {p} | {fmt(c['run1'], '.3f')}x | {fmt(c['run2'], '.3f')}x | {diff} | "
               f"{fmt(c['run1_paired'], '.3f')}x / {fmt(c['run2_paired'], '.3f')}x | "
-              f"{c['run1_spread']:.1%} / {c['run2_spread']:.1%} |")
+              f"{fmt(c['run1_spread'], '.1%')} / {fmt(c['run2_spread'], '.1%')} |")
     for i, run in enumerate(runs, 1):
         for p, r in run["results"].items():
             if r.get("note"):

@@ -430,9 +430,11 @@ def test_repeatability_does_not_judge_a_figure_from_a_cold_first_step():
 def test_a_precision_one_run_left_untimed_is_a_row_with_the_reason():
     """Under a tight budget one run may skip bf16: the repeatability table says so instead of
     leaving the model out (an empty table read as a broken section)."""
-    speed = _bench("gpusuite.speed")
+    compare = _bench("speedup_repeatability").compare
     timed = {"results": {"fp32": {"speedup_vs_fp32": 1.0}, "bf16": {"speedup_vs_fp32": 2.0}}, "skipped": {}}
     untimed = {"results": {"fp32": {"speedup_vs_fp32": 1.0}},
                "skipped": {"bf16": "one bf16 step is expected to take about 0.3 s here"}}
-    assert speed._untimed([timed, untimed], {}) == {"bf16": "run 2: one bf16 step is expected to take about 0.3 s here"}
-    assert speed._untimed([timed, timed], {"bf16": {}}) == {}
+    pair = compare(timed, untimed)["bf16"]
+    assert pair["missing"] and pair["rel_diff"] is None
+    assert pair["not_comparable"] == "run 2: one bf16 step is expected to take about 0.3 s here"
+    assert compare(timed, timed)["bf16"]["not_comparable"] is None

@@ -71,19 +71,6 @@ def _spent_text(spent: dict | None) -> str:
     return ", ".join(f"{_SPENT_SHORT.get(k, k)} {v:.1f}" for k, v in spent.items())
 
 
-def _untimed(runs: list[dict], compared: dict) -> dict[str, str]:
-    """Precisions other than fp32 that one of the runs has no figure for, with that run's reason."""
-    out = {}
-    names = {p for r in runs for p in (*r["results"], *r.get("skipped", {}), *r.get("errors", {}))} - {"fp32"}
-    for p in sorted(names - set(compared)):
-        for i, r in enumerate(runs, 1):
-            if r["results"].get(p, {}).get("speedup_vs_fp32") is None:
-                why = r.get("skipped", {}).get(p) or r.get("errors", {}).get(p) or "no figure"
-                out[p] = f"run {i}: {why}"
-                break
-    return out
-
-
 def _slim(run: dict) -> dict:
     """A speedup result without its per-sample lists (kept: medians, spreads, intervals, verdict)."""
     results = {p: {k: v for k, v in r.items() if k not in ("samples_ms", "losses")} for p, r in run["results"].items()}
@@ -129,16 +116,14 @@ def run_speedup(ctx, res, compile_: bool = False) -> None:
                 verdicts.append([label, i, v["level"], v.get("best_precision"), v.get("speedup"),
                                  run["settings"]["rounds"], run["settings"]["elapsed_s"],
                                  _spent_text(run["settings"].get("time_spent_s")), v["recommendation"]])
-            compared = compare(*runs)
-            for p, c in compared.items():
+            for p, c in compare(*runs).items():  # a precision left untimed is a row with the reason
                 ok = None if c["not_comparable"] else c["rel_diff"] <= REPEAT_TARGET
-                diff = f"{c['rel_diff']:.1%}" + (f" ({c['not_comparable']})" if c["not_comparable"] else "")
+                if c["missing"]:
+                    diff = f"not compared: {c['not_comparable']}"
+                else:
+                    diff = f"{c['rel_diff']:.1%}" + (f" ({c['not_comparable']})" if c["not_comparable"] else "")
                 repeat.append([label, p, c["run1"], c["run2"], diff, "n/a" if ok is None else ok])
                 res.target(f"{label} {p}: two runs agree", f"within {REPEAT_TARGET:.0%}", diff, ok)
-            for p, why in _untimed(runs, compared).items():  # a row, not a gap: the budget left it untimed
-                figures = [r["results"].get(p, {}).get("speedup_vs_fp32") for r in runs]
-                repeat.append([label, p, *figures, f"not compared: {why}", "n/a"])
-                res.target(f"{label} {p}: two runs agree", f"within {REPEAT_TARGET:.0%}", f"not compared: {why}", None)
         if runs and not compile_ and preset == ctx.sizes.reference_model:
             with res.step(f"{label}: against torch.utils.benchmark"):
                 ref = reference(workload, list(runs[0]["results"]), ctx.sizes.reference_min_run_s, ctx.device)
