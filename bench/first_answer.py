@@ -10,7 +10,7 @@ such as `git worktree add /tmp/base 6f8d670`), in rotating order:
     preset, every check, its default steps and budget).
 Per run: wall seconds, CPU seconds (the child's rusage; for the API, the server's process tree),
 the load average at the start, the check's own `timings_s`, `budget.cut`, the finding ids and
-the speedup's verdict level and `stopped_because`. `--busy N` adds N processes spinning on the
+the speedup's verdict level, `stopped_because` and `time_spent_s`. `--busy N` adds N processes spinning on the
 CPU for the whole bench (the "2 busy cores" condition). `--stages` profiles one in-process
 check (torch import, model build, each check) instead.
 
@@ -70,7 +70,8 @@ def _speedup_facts(out: dict) -> dict:
     st, v = out.get("settings") or {}, out.get("verdict") or {}
     return {"budget_s": st.get("budget_s"), "elapsed_s": st.get("elapsed_s"), "rounds": st.get("rounds"),
             "stopped_because": st.get("stopped_because"), "level": v.get("level"),
-            "inconclusive_because": v.get("inconclusive_because"), "budget_exceeded_s": st.get("budget_exceeded_s")}
+            "inconclusive_because": v.get("inconclusive_because"), "budget_exceeded_s": st.get("budget_exceeded_s"),
+            "time_spent_s": st.get("time_spent_s")}
 
 
 def cli_run(tree: Path, command: str, preset: str, extra: list[str]) -> dict:

@@ -478,6 +478,35 @@ def test_one_job_per_device(monkeypatch):
     assert order in (["a start", "a end", "b start", "b end"], ["b start", "b end", "a start", "a end"])
 
 
+def test_a_budgeted_job_is_clocked_from_when_it_gets_its_device():
+    """A speedup's budget covers the hand-off to its worker (`started_at` is stamped by the job
+    runner), but not the wait for another user's job on the same device."""
+    import threading
+
+    ends = {}
+
+    def job(name, progress=None, timeout_s=None, started_at=None):
+        time.sleep(0.2)
+        ends[name] = time.time()
+        return {"started_at": started_at}
+
+    results = {}
+
+    def submit(name):
+        results[name] = jobs.run_job(job, name, timeout_s=5, in_worker=False, device_key="cpu",
+                                     clock_kwarg="started_at")
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first, second = sorted(results, key=lambda n: results[n]["started_at"])
+    assert results[second]["started_at"] >= ends[first]  # not clocked while it waited
+    for r in results.values():
+        assert r["started_at"] == pytest.approx(r["job"]["started"], abs=1e-3)
+
+
 # --- questionnaire: the detected device, not a bare name --------------------------------
 
 def test_detect_passes_the_device_capability_not_just_its_name(monkeypatch):

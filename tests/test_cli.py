@@ -1,3 +1,5 @@
+import json
+import os
 import subprocess
 import sys
 
@@ -33,3 +35,28 @@ def test_a_bug_of_ours_is_one_readable_line_with_its_own_exit_status(capsys, mon
         pass
     else:
         raise AssertionError("with the debug variable set the exception must propagate")
+
+
+_ENTRY = """
+import atexit, sys
+atexit.register(lambda: print("atexit ran, torch imported:", "torch" in sys.modules))
+sys.argv = ["amp-troubleshooter"] + sys.argv[1:]
+from troubleshooter.cli import entry
+entry()
+"""
+
+
+def test_a_torch_command_exits_fast_with_its_output_flushed_and_atexit_handlers_run():
+    """`check`/`speedup`/`capability`/`inspect` skip the interpreter's teardown once torch is
+    imported (it cost 0.5-2 s of a --budget on a busy host); the piped output must still arrive
+    whole, the atexit handlers (worker pools, logging) still run and the exit status stay."""
+    block_buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.run([sys.executable, "-c", _ENTRY, "capability", "--format", "json"],
+                          capture_output=True, text=True, timeout=300, env=block_buffered)
+    assert proc.returncode == 0, proc.stderr
+    body, _, tail = proc.stdout.rpartition("}")
+    assert json.loads(body + "}")["device"]  # the whole JSON object, from a block-buffered pipe
+    assert tail.strip() == "atexit ran, torch imported: True"
+    bad = subprocess.run([sys.executable, "-c", _ENTRY, "check", "--preset", "no-such-preset"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr

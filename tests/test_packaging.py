@@ -59,7 +59,7 @@ def test_base_install_leaves_torch_and_gradio_to_extras():
     extras = project["optional-dependencies"]
     assert any(r.startswith("torch") for r in extras["engine"])
     assert any(r.startswith("gradio") for r in extras["app"]) and "amp-troubleshooter[engine]" in extras["app"]
-    assert project["scripts"]["amp-troubleshooter"] == "troubleshooter.cli:main"
+    assert project["scripts"]["amp-troubleshooter"] == "troubleshooter.cli:entry"
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "troubleshooter.__version__"}
 
 

@@ -271,3 +271,23 @@ def test_a_budget_spent_in_warm_up_says_where_it_went():
     assert res["verdict"]["level"] == "inconclusive"
     where = [r for r in res["verdict"]["reasons"] if r.startswith("where the budget went: ")]
     assert len(where) == 1 and "first steps" in where[0]
+
+
+def test_a_slow_round_seen_lately_keeps_the_next_round_from_overrunning_the_deadline(monkeypatch):
+    """On a busy host rounds alternate fast and slow; a round is never cut short once started, so
+    the next one is predicted from the slowest of the last few, not the last alone (which let a
+    slow round start right after a fast one and end seconds past the budget)."""
+    clock = [0.0]
+    durations = iter([1.0, 1.0, 1.0, 3.0] + [1.0, 3.0] * 20)
+
+    class Fake:
+        def step(self, batch):
+            clock[0] += next(durations)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(sp, "MIN_SAMPLES", 10_000)
+    _, why, rounds, _ = sp._timed_rounds({"fp32": Fake()}, [None], torch.device("cpu"), 0.0, 100.0, {}, None,
+                                         deadline=9.5)
+    # rounds end at 1, 2, 3, 6 and 7; after 7 the last round alone (1 s) predicts an end at 8, but
+    # the slow one (3 s) two rounds back says 10, past the deadline: it stops at 7
+    assert why == "budget" and rounds == 5 and clock[0] == 7.0

@@ -1,6 +1,8 @@
 """`python -m troubleshooter ...`"""
-import sys
+import time
 
-from .cli import main
+_started_at = time.time()  # before the CLI's own imports: a command's --budget counts from here
 
-sys.exit(main())
+from .cli import entry  # noqa: E402
+
+entry(started_at=_started_at)

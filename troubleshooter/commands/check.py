@@ -77,7 +77,10 @@ def _add_distributed_arguments(p) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    started_at = time.time()  # importing torch and building the model count against --budget
+    from ..cli import process_started_at
+
+    # starting the process, importing torch and building the model count against --budget
+    started_at = process_started_at() or time.time()
     from ..engine.check import check_report, parse_only
     from ..heap import freeze_if_command
     from ..spec import source_from_args

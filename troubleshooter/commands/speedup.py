@@ -66,7 +66,10 @@ def _progress_printer(enabled: bool):
 def run(args: argparse.Namespace) -> int:
     import time
 
-    started_at = time.time()  # importing torch and building the models count against --budget
+    from ..cli import process_started_at
+
+    # starting the process, importing torch and building the models count against --budget
+    started_at = process_started_at() or time.time()
     from ..engine.precision import parse_precisions
     from ..engine.speedup import format_text, speedup_source
     from ..heap import freeze_if_command

@@ -48,6 +48,7 @@ COMPILE_WARMUP_STEPS = 6  # the first compiled steps compile and autotune
 WARMUP_SHARE = 0.4  # share of the budget the warm-up of all precisions may take before it is cut short
 N_BATCHES = 4  # distinct synthetic batches, cycled, the same for every precision
 PROGRESS_EVERY_S = 0.25  # at most this often from the timing loop
+ROUNDS_FOR_PREDICTION = 3  # the next round is expected to take as long as the slowest of these
 
 ProgressFn = Callable[[float, str], None]
 
@@ -299,7 +300,6 @@ def run_speedup(
     if runners and not timed:
         stop_reason = "every precision was too slow for the budget: timed from one warm-up step each"
     spent["rounds"] = time.perf_counter() - t_start - warmup_s
-    elapsed = time.perf_counter() - t_start
 
     first = next(iter(runners.values()), None)
     misaligned, forward_flops = _alignment_notes(workload, dev, first.model if first else None) if first else ([], None)
@@ -333,6 +333,7 @@ def run_speedup(
         first_step_only=[p for p, r in results.items() if r.get("first_step_only")],
     )
     verdict.reasons += [f"{p} was not timed: {why}" for p, why in skipped.items()]
+    elapsed = time.perf_counter() - t_start  # the whole check: the alignment note and verdict included
     spent["other"] = max(0.0, elapsed - sum(spent.values()))
     spent = {k: round(v, 3) for k, v in spent.items()}
     if verdict.level == "inconclusive" and rounds < MIN_SAMPLES:
@@ -502,6 +503,7 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, se
     last_emit = 0.0
     rng = random.Random(seed)
     orders: list[list[str]] = []
+    recent_rounds: list[float] = []
     while runners:
         round_start = time.perf_counter()
         batch = batches[rounds % len(batches)]
@@ -535,7 +537,10 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, se
         if rounds >= MIN_SAMPLES and worst < TARGET_SPREAD:
             stop_reason = "spread"
             break
-        round_s = now - round_start
+        recent_rounds.append(now - round_start)
+        # the slowest of the last few rounds predicts the next: on a busy host one round can take
+        # half as long again as the one before, and a round is never cut short once started
+        round_s = max(recent_rounds[-ROUNDS_FOR_PREDICTION:])
         if now + round_s > deadline and (rounds >= MIN_ROUNDS or round_s > CHEAP_SHARE * budget_s):
             stop_reason = "budget"
             break

@@ -76,6 +76,7 @@ def run(source, device: str = "auto", checks=CHECK_NAMES, steps=20, progress=Non
     specinput.validate(source)
     timeout = SETTINGS.job_timeout_s
     key = host.device_key(kwargs["device"])  # the engine's resolved name: "CPU" and "cpu" share a lock
+    common.warm_plotting()  # the skip-rate plot is drawn here once the job returns
     if specinput.is_python(source):
         if progress:
             progress(0.0, "running the uploaded model file in its own process")

@@ -65,17 +65,22 @@ def device_lock(key: str) -> threading.Lock:
 
 
 def run_job(func: Callable, *args: Any, timeout_s: float, progress: ProgressFn | None = None,
-            in_worker: bool = True, poll_s: float = 0.25, device_key: str | None = None, **kwargs: Any) -> Any:
+            in_worker: bool = True, poll_s: float = 0.25, device_key: str | None = None,
+            clock_kwarg: str | None = None, **kwargs: Any) -> Any:
     """Run `func(*args, progress=..., **kwargs)`; in a worker process unless `in_worker=False`.
 
     `in_worker=False` is for callers whose library call already isolates itself (an opted-in
     Python model file runs in its own child via `spec.run_with_workload`; a worker is a daemon
     and may not start another): `func` then gets `timeout_s` itself, so the operator's limit
     holds there too. With a `device_key`, jobs on one device run one at a time, each in that
-    device's warm standby worker (see `worker.WarmPool`).
+    device's warm standby worker (see `worker.WarmPool`). With `clock_kwarg`, `func` gets the
+    time the job got its device under that name (`started_at`): a budget then covers the hand-off
+    to the worker too, and not the wait for another user's job.
     """
     with device_lock(device_key) if device_key is not None else contextlib.nullcontext():
         started = time.time()
+        if clock_kwarg is not None:
+            kwargs[clock_kwarg] = started
         result = _run_unlocked(func, args, kwargs, timeout_s, progress, in_worker, poll_s, device_key)
         return timed(result, started, device_key)
 
