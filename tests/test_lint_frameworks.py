@@ -103,3 +103,19 @@ def test_a_local_name_prepared_in_another_function_is_another_object():
            "    for b in loader:\n        model(b).sum().backward()\n        optimizer.step()\n")
     got = _rules(src)
     assert ("AMP141", 11) in got and not any(line == 5 for _, line in got)
+
+
+def test_a_config_beside_the_script_is_read_bounded(tmp_path):
+    """A YAML config is user input like a spec: a few hundred bytes of aliases ("billion laughs")
+    expanding past the bounded loader's limit are refused, and the config is then no evidence."""
+    src = CONFIGS / "accelerate_yaml"
+    (tmp_path / "train.py").write_text((src / "train.py").read_text())
+    good = (src / "default_config.yaml").read_text()
+    bomb = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    bomb += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    (tmp_path / "default_config.yaml").write_text(good)
+    cited = [f for f in lint_paths([str(tmp_path)]).findings if "default_config.yaml" in f.message]
+    assert cited  # the plain config is evidence
+    (tmp_path / "default_config.yaml").write_text(good + "\n".join(bomb) + "\nlaughs: *l8\n")
+    report = lint_paths([str(tmp_path)])
+    assert not any("default_config.yaml" in f.message for f in report.findings)

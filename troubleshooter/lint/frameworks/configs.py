@@ -105,10 +105,11 @@ def _parse_now(path: str) -> ConfigFile | None:
     try:
         if path.endswith(".json"):
             data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except Exception:  # noqa: BLE001 - a config we cannot parse is simply not evidence
+        else:  # bounded like every YAML from a user: a few hundred bytes of aliases can expand to billions
+            from ...safeyaml import load as load_yaml
+
+            data = load_yaml(text, os.path.basename(path))
+    except Exception:  # noqa: BLE001 - a config we cannot parse (or refuse to) is simply not evidence
         return None
     if not isinstance(data, dict):
         return None
