@@ -26,8 +26,9 @@ SECTIONS = (
             "capability text/JSON against nvidia-smi, torch's answers, matmul rates and an fp8 product"),
     Section("matmul", "bf16 matmul ceiling", speed.run_matmul, 15,
             "bf16 matmul TFLOP/s at three sizes, fp16/tf32/fp32 beside it"),
-    Section("speedup", "Speedup check, eager", speed.run_speedup, 75,
-            "speedup on GPT-2 small and cnn, twice each; verdict vs torch.utils.benchmark"),
+    Section("speedup", "Speedup check, eager", speed.run_speedup, 100,
+            "speedup on GPT-2 small and cnn, twice each; verdict vs torch.utils.benchmark; "
+            "the default speedup in a fresh process"),
     Section("check", "check on the GPU vs the CPU", checks.run, 90,
             "check on GPT-2 small, cnn, vit and the overflow/underflow fixtures, findings vs the CPU"),
     Section("recipe", "Recipe throughput", training.run_recipe, 60,

@@ -35,6 +35,7 @@ class Sizes:
     check_cases: tuple[CheckCase, ...]
     check_steps: int
     speedup_models: tuple[tuple[str, str, float], ...]  # (label, preset, budget per run)
+    cli_speedup: tuple[str, str, float | None]  # (label, preset, --budget; None: the CLI's default)
     speedup_precisions: str | None  # None: all four
     compile_precisions: str
     compile_models: tuple[tuple[str, str, float], ...]
@@ -75,6 +76,7 @@ GPU = Sizes(
     ),
     check_steps=20,
     speedup_models=(("GPT-2 small", GPT2, 12.0), ("cnn", "cnn", 6.0)),
+    cli_speedup=("GPT-2 small", GPT2, None),
     speedup_precisions=None,
     compile_precisions="fp32,bf16",
     compile_models=(("GPT-2 small", GPT2, 12.0), ("cnn", "cnn", 6.0)),
@@ -114,6 +116,7 @@ DRY_RUN = Sizes(
     ),
     check_steps=2,
     speedup_models=(("GPT-2 small (tiny stand-in)", TINY_GPT, 0.2), ("cnn (tiny stand-in)", TINY_CNN, 0.2)),
+    cli_speedup=("mlp (tiny stand-in)", TINY_MLP, 2.0),
     speedup_precisions="fp32,bf16",
     compile_precisions="fp32,bf16",
     compile_models=(("cnn (tiny stand-in)", TINY_CNN, 0.2),),
