@@ -51,8 +51,8 @@ class _HooksWithoutArithmetic(HookSet):
     """The same hooks, slots and analysis, with no reduction: what is left is Python and hook
     dispatch (only for --breakdown; the report it gives is meaningless)."""
 
-    def _reduce(self, step, t, measure=True):
-        return super()._reduce(step, t, measure=False)
+    def _claim(self, step, t, measure=True):
+        return super()._claim(step, t, measure=False)  # a slot holding a placeholder, no reduction
 
 
 _BASELINE: dict[str, type] = {}  # --baseline-ref: "HookSet" -> that ref's HookSet class
