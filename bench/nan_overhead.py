@@ -96,8 +96,10 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
         hunt.hooks.skip_passive_modules = mode != "nanhunt_before"
         if mode == "nanhunt_no_arithmetic":
             hunt.hooks.__class__ = _HooksWithoutArithmetic
-        if mode == "nanhunt_ref":  # same attributes: HookSet.__init__ is unchanged between refs
-            hunt.hooks.__class__ = _BASELINE["HookSet"]
+        if mode == "nanhunt_ref":  # that ref's own HookSet, step records and all
+            ref = _BASELINE["HookSet"](model)
+            ref.on_root_call = hunt._on_root_call
+            hunt.hooks = ref
         hunt.hooks.backward = mode != "nanhunt_forward_only"
         hunt.attach()
     anomaly = torch.autograd.detect_anomaly() if mode == "detect_anomaly" else contextlib.nullcontext()
