@@ -51,8 +51,11 @@ class _HooksWithoutArithmetic(HookSet):
     """The same hooks, slots and analysis, with no reduction: what is left is Python and hook
     dispatch (only for --breakdown; the report it gives is meaningless)."""
 
-    def _claim(self, step, t, measure=True):
+    def _claim(self, step, t, measure=True, no_grad=False):
         return super()._claim(step, t, measure=False)  # a slot holding a placeholder, no reduction
+
+    def _claim_in(self, step, d, key, split):
+        return super()._claim(step, d, measure=False)
 
 
 _BASELINE: dict[str, type] = {}  # --baseline-ref: "HookSet" -> that ref's HookSet class

@@ -100,13 +100,21 @@ def _measurable(t: torch.Tensor) -> bool:
             and t.numel() > 0 and not t.is_meta)
 
 
-def _minmax(d: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:
-    """d's min into lo and max into hi (0-d views of a result buffer); d needs no gradient."""
-    if d.dtype in _SPLIT_MIN_MAX and d.is_cpu and d.numel() >= _SPLIT_FROM:
+def _minmax(d: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, split: bool) -> None:
+    """d's min into lo and max into hi (0-d views of a result buffer); d needs no gradient;
+    `split`: `amin` then `amax` (`_splits`), else the fused `aminmax`."""
+    if split:
         torch.amin(d, out=lo)
         torch.amax(d, out=hi)
     else:
         torch.aminmax(d, out=(lo, hi))
+
+
+def _splits(dtype: torch.dtype, cpu: bool, numel: int) -> bool:
+    return cpu and dtype in _SPLIT_MIN_MAX and numel >= _SPLIT_FROM
+
+
+_CPU = torch.device("cpu")
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -326,6 +334,7 @@ class HookSet:
             return self
         index_of: dict[int, int] = {}
         self._names, self._classes, self._param_names, self._param_owner = [], [], [], []
+        self._param_facts: list[tuple[torch.dtype | None, bool]] = []  # per parameter: (dtype, `_splits` on a CPU)
         self._transparent, self._passes_grads = set(), set()
         unhooked = _unhooked_modules(self.model, self.ignore) if self.skip_passive_modules else set()
         self._aliasing = self.skip_passive_modules
@@ -359,6 +368,9 @@ class HookSet:
                     pidx = len(self._param_names)
                     self._param_names.append(f"{mname}.{pname}" if mname else pname)
                     self._param_owner.append(index_of[id(module)])
+                    fast = param.dtype in _NATIVE and param.numel() > 0  # else `_param_grad` asks each time
+                    self._param_facts.append((param.dtype if fast else None,
+                                              _splits(param.dtype, True, param.numel())))
                     self._handles.append(param.register_hook(partial(self._param_grad, pidx)))
         self._live = True
         return self
@@ -446,28 +458,41 @@ class HookSet:
         the caller to run as the last work of its hook: a reduction reads a whole activation or
         gradient, and Python run after it finds its own objects evicted from the caches.
         `no_grad`: the caller runs it with autograd off (`_run_kernels`), so t needs no detach."""
+        if not measure:  # forward=False: module inputs/outputs only need a slot (who consumed what)
+            zero = _zero(t.device)
+            with self._lock:
+                vals = step.vals
+                slot = len(vals) // 2
+                vals.zeros += (2 * slot, 2 * slot + 1)
+                vals.append(zero)
+                vals.append(zero)
+                step.pending = True
+            return slot, None
         d = t
-        if measure:
-            if d.dtype not in _NATIVE:  # complex: magnitude; float8 and the like: widen first
-                d = t.detach() if t.requires_grad else t
-                d = d.abs() if d.is_complex() else d.float()
-            elif not no_grad and t.requires_grad:  # gradients in hooks need no detach
-                d = t.detach()
+        dtype = t.dtype
+        if dtype not in _NATIVE:  # complex: magnitude; float8 and the like: widen first
+            d = t.detach() if t.requires_grad else t
+            d = d.abs() if d.is_complex() else d.float()
+            dtype = d.dtype
+        elif not no_grad and t.requires_grad:  # gradients in hooks need no detach
+            d = t.detach()
+        cpu = d.is_cpu  # each tensor attribute read once: cold after a large kernel, they add up
+        return self._claim_in(step, d, (_CPU if cpu else d.device, dtype), _splits(dtype, cpu, d.numel()))
+
+    def _claim_in(self, step: _Step, d: torch.Tensor, key: tuple[torch.device, torch.dtype],
+                  split: bool) -> tuple[int, tuple]:
+        """`_claim` for a tensor whose buffer key (device, dtype) and kernel are known."""
         with self._lock:
             vals = step.vals
             slot = len(vals) // 2
-            if measure:
-                buffer, views, host = self._result_views(slot, d)
-                lo, hi = views[2 * slot], views[2 * slot + 1]
-                if vals.buffer is not buffer:
-                    vals.in_buffer(buffer, host)
-            else:  # forward=False: module inputs/outputs only need a slot (who consumed what)
-                lo = hi = _zero(t.device)
-                vals.zeros += (2 * slot, 2 * slot + 1)
+            buffer, views, host = self._result_views(slot, key)
+            lo, hi = views[2 * slot], views[2 * slot + 1]
+            if vals.buffer is not buffer:
+                vals.in_buffer(buffer, host)
             vals.append(lo)
             vals.append(hi)
             step.pending = True
-        return slot, ((d, lo, hi) if measure else None)
+        return slot, (d, lo, hi, split)
 
     @staticmethod
     def _run_kernels(step: _Step) -> None:
@@ -483,7 +508,7 @@ class HookSet:
             if grad_was:
                 torch._C._set_grad_enabled(True)
 
-    def _result_views(self, slot: int, like: torch.Tensor) -> _Kept:
+    def _result_views(self, slot: int, key: tuple[torch.device, torch.dtype]) -> _Kept:
         """Where slot's min and max are written (views[2 * slot], views[2 * slot + 1]): 0-d views of
         a buffer per device and dtype, kept across steps (a step's values are copied out by
         `collect()` before the next writes); returns (buffer, views, host view).
@@ -492,14 +517,13 @@ class HookSet:
         from their hook to `collect()`, are small heap blocks among the step's large activation
         and gradient blocks, and on a CPU that alone cost about 0.9 ms per step (issue 28:
         measured with the same reductions whose results were dropped at once)."""
-        key = (like.device, like.dtype)
         kept = self._results.get(key)
         if kept is None:
             kept = _take_results(key)
         if kept is None or 2 * slot + 1 >= len(kept[1]):  # grows a few times, in the first steps
             size = max(512, 4 * (slot + 1), 2 * len(kept[1]) if kept else 0)
             with torch.inference_mode(False):  # a buffer made in inference mode could not be written outside it
-                buffer = torch.empty(size, dtype=like.dtype, device=like.device)
+                buffer = torch.empty(size, dtype=key[1], device=key[0])
                 kept = (buffer, list(buffer.unbind()), _host_view(buffer))  # ~1.4 us a view: made once, then pooled
         self._results[key] = kept
         return kept
@@ -680,8 +704,18 @@ class HookSet:
                 self._record_out(step, call, slot, grad)
 
     def _param_grad(self, pidx: int, grad: torch.Tensor) -> None:
-        if self._live and self.active and grad is not None and _measurable(grad):
-            step = self._step
+        if not (self._live and self.active) or grad is None:
+            return
+        step = self._step
+        dtype, split = self._param_facts[pidx]
+        if grad.dtype is dtype and grad.is_cpu and grad.layout is _STRIDED and not grad.requires_grad:
+            # the usual CPU gradient: its parameter's dtype and size, read at attach (autograd
+            # hands a parameter a gradient of its own dtype and shape)
+            slot, job = self._claim_in(step, grad, (_CPU, dtype), split)
+            step.grads.append(("param", pidx, slot))
+            if job is not None:
+                _minmax(*job)
+        elif _measurable(grad):
             slot, job = self._claim(step, grad)
             step.grads.append(("param", pidx, slot))
             if job is not None:
