@@ -6,8 +6,10 @@ floating tensor it takes and returns (`torch.aminmax`: one kernel, NaN-propagati
 temporary copy), and gradient hooks record the same for the gradient of every module output
 and every parameter. The results are written into 0-d views of a small buffer on the device
 that the hook set keeps from step to step (`_result_views`), and stay there until `collect()`,
-which stacks them and copies them to the host in one transfer: the only synchronisation of a
-step. The analysis then walks the calls in execution order for the first non-finite value.
+which copies them to the host in one transfer: the only synchronisation of a step. Each hook
+claims its slots and records its events before it runs its reductions (`_claim`): on a CPU a
+hook runs right after a large kernel has swept the caches, and Python run after a reduction
+would run colder still. The analysis then walks the calls in execution order for the first non-finite value.
 
 Choices that keep it robust in real training code:
 - inputs are reduced in a forward PRE-hook, so an in-place module (ReLU(inplace=True)) is
@@ -232,8 +234,8 @@ class _Step:
         self.producer: dict[int, "_Call"] = {}  # output slot -> the call that returned it
         self.masked: set[int] = set()  # slots read by a masking passive op whose output gradient is hooked
         self.hooked: set[int] = set()  # alias slots whose gradient hook `_slot` already set
-        # (tensor, lo, hi) of the forward hook running now, reduced as its last work (`_run_kernels`)
-        self.kernels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        # `_minmax` arguments of the forward hook running now, run as its last work (`_run_kernels`)
+        self.kernels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
 
 
 # Result buffers of detached hook sets, for the next hook set on that device and dtype: making a
@@ -445,18 +447,12 @@ class HookSet:
 
     _lock = threading.Lock()  # CUDA backward runs hooks on one autograd thread per device
 
-    def _reduce(self, step: _Step, t: torch.Tensor, measure: bool = True) -> int:
-        """A new slot holding t's min and max, reduced now."""
-        slot, job = self._claim(step, t, measure)
-        if job is not None:
-            _minmax(*job)
-        return slot
-
     def _claim(self, step: _Step, t: torch.Tensor, measure: bool = True,
                no_grad: bool = False) -> tuple[int, tuple | None]:
-        """A new slot for t's min and max, and the reduction that fills it, (tensor, lo, hi), for
-        the caller to run as the last work of its hook: a reduction reads a whole activation or
-        gradient, and Python run after it finds its own objects evicted from the caches.
+        """A new slot for t's min and max, and the reduction that fills it (`_minmax`'s
+        arguments, None when not measured), for the caller to run as the last work of its hook:
+        a reduction reads a whole activation or gradient, and Python run after it finds its own
+        objects evicted from the caches.
         `no_grad`: the caller runs it with autograd off (`_run_kernels`), so t needs no detach."""
         if not measure:  # forward=False: module inputs/outputs only need a slot (who consumed what)
             zero = _zero(t.device)
