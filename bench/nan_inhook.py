@@ -88,8 +88,9 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for name in names if r % 2 else names[::-1]:
             block(name, keep=True)
-    print(f"torch {torch.__version__}, {platform.machine()}, 1 thread, `{args.preset}`, {args.rounds} rounds x "
-          f"{args.steps} steps per version; us of thread CPU time inside the hooks per step")
+    print(f"torch {torch.__version__}, {platform.machine()}, 1 thread, `{args.preset}`, "
+          f"{args.rounds} rounds x {args.steps} steps per version; "
+          "us of thread CPU time inside the hooks per step")
     for name, v in in_hooks.items():
         q = statistics.quantiles(v, n=4)
         print(f"  {name:>10}: median {statistics.median(v):7.0f}  (quartiles {q[0]:.0f} .. {q[2]:.0f})")

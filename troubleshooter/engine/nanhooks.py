@@ -9,7 +9,8 @@ that the hook set keeps from step to step (`_result_views`), and stay there unti
 which copies them to the host in one transfer: the only synchronisation of a step. Each hook
 claims its slots and records its events before it runs its reductions (`_claim`): on a CPU a
 hook runs right after a large kernel has swept the caches, and Python run after a reduction
-would run colder still. The analysis then walks the calls in execution order for the first non-finite value.
+would run colder still. The analysis then walks the calls in execution order for the first
+non-finite value.
 
 Choices that keep it robust in real training code:
 - inputs are reduced in a forward PRE-hook, so an in-place module (ReLU(inplace=True)) is
@@ -336,7 +337,8 @@ class HookSet:
             return self
         index_of: dict[int, int] = {}
         self._names, self._classes, self._param_names, self._param_owner = [], [], [], []
-        self._param_facts: list[tuple[torch.dtype | None, bool]] = []  # per parameter: (dtype, `_splits` on a CPU)
+        # per parameter: (its dtype, `_splits` on a CPU), for `_param_grad`'s short path
+        self._param_facts: list[tuple[torch.dtype | None, bool]] = []
         self._transparent, self._passes_grads = set(), set()
         unhooked = _unhooked_modules(self.model, self.ignore) if self.skip_passive_modules else set()
         self._aliasing = self.skip_passive_modules
@@ -520,7 +522,8 @@ class HookSet:
             size = max(512, 4 * (slot + 1), 2 * len(kept[1]) if kept else 0)
             with torch.inference_mode(False):  # a buffer made in inference mode could not be written outside it
                 buffer = torch.empty(size, dtype=key[1], device=key[0])
-                kept = (buffer, list(buffer.unbind()), _host_view(buffer))  # ~1.4 us a view: made once, then pooled
+                # ~1.4 us a view: made once, then pooled
+                kept = (buffer, list(buffer.unbind()), _host_view(buffer))
         self._results[key] = kept
         return kept
 
@@ -688,7 +691,8 @@ class HookSet:
             step.alias[slot] = source
         return slot
 
-    def _node_grad(self, step: _Step, call: _Call, slot: int, nr: int, checked: bool, grad_outputs: tuple) -> None:
+    def _node_grad(self, step: _Step, call: _Call, slot: int, nr: int, checked: bool,
+                   grad_outputs: tuple) -> None:
         """Pre-hook on the autograd node of a module output; `checked`: registered when the
         forward ended, with every consumer known (`_register_grad_hooks`), so the gradient is
         needed and not asked again."""
