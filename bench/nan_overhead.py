@@ -51,8 +51,11 @@ class _HooksWithoutArithmetic(HookSet):
     """The same hooks, slots and analysis, with no reduction: what is left is Python and hook
     dispatch (only for --breakdown; the report it gives is meaningless)."""
 
-    def _reduce(self, step, t, measure=True):
-        return super()._reduce(step, t, measure=False)
+    def _claim(self, step, t, measure=True, no_grad=False):
+        return super()._claim(step, t, measure=False)  # a slot holding a placeholder, no reduction
+
+    def _claim_in(self, step, d, key, split):
+        return super()._claim(step, d, measure=False)
 
 
 _BASELINE: dict[str, type] = {}  # --baseline-ref: "HookSet" -> that ref's HookSet class
@@ -96,8 +99,10 @@ def _time_block(mode, workload, model, opt, scaler, batch, precision, device, st
         hunt.hooks.skip_passive_modules = mode != "nanhunt_before"
         if mode == "nanhunt_no_arithmetic":
             hunt.hooks.__class__ = _HooksWithoutArithmetic
-        if mode == "nanhunt_ref":  # same attributes: HookSet.__init__ is unchanged between refs
-            hunt.hooks.__class__ = _BASELINE["HookSet"]
+        if mode == "nanhunt_ref":  # that ref's own HookSet, step records and all
+            ref = _BASELINE["HookSet"](model)
+            ref.on_root_call = hunt._on_root_call
+            hunt.hooks = ref
         hunt.hooks.backward = mode != "nanhunt_forward_only"
         hunt.attach()
     anomaly = torch.autograd.detect_anomaly() if mode == "detect_anomaly" else contextlib.nullcontext()
