@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import weakref
 from functools import cached_property, partial
+from operator import attrgetter
 from typing import Any, Callable
 
 from .astutil import tail, walk, walk_indexed, walk_parsed
@@ -13,6 +14,10 @@ from .names import Names
 from .prefilter import defs_holding, event_capable_defs
 from .roles import Roles
 from .walker import LightWalker, Walker
+from .words import searchable, word_pattern
+
+
+_ID, _ATTR = attrgetter("id"), attrgetter("attr")
 
 
 def _walk_later(model_ref, scope: Scope) -> None:
@@ -72,10 +77,9 @@ class FileModel(Roles, AutocastResolution):
         self.halved_pretrained: dict[str, ast.AST] = {}
         self.frozen: set[str] = set()
         self.instances: dict[str, str] = {}  # key -> local class name
-        self.identifiers: set[str] = set()
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
-        self.scaler_named = False  # some name or attribute of the file holds "scaler" (roles.py)
+        self.scaler_named = False  # some name of the file may hold "scaler" (False: none does; roles.py)
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
         self._round_trips: set[int] = set()
@@ -117,6 +121,33 @@ class FileModel(Roles, AutocastResolution):
         # model file has hundreds of functions and none of them records one). Events are final here: a
         # LazyScope's later walk records none.
         self.event_scopes: list[Scope] = [s for s in self.scopes if s.events]
+
+    @cached_property
+    def identifiers(self) -> set[str]:
+        """Every name, attribute and def parameter of the file, lower-cased: exact, built on first use. Gates
+        ask `may_name` / `may_name_part` instead; only readers whose answer is a result read this set."""
+        of = self.of_class
+        distinct = set(map(_ID, of(ast.Name)))  # at C speed (most names repeat), then each lower-cased once
+        distinct.update(map(_ATTR, of(ast.Attribute)))
+        for node in of(ast.FunctionDef) + of(ast.AsyncFunctionDef):
+            args = node.args
+            distinct.update(a.arg for a in args.args + args.kwonlyargs)
+        return {i.lower() for i in distinct}
+
+    @cached_property
+    def searchable_text(self) -> str:
+        """The source lower-cased (NFKC first when needed): every name of the file is in it (words.py)."""
+        return searchable(self.source)
+
+    def may_name(self, word: str) -> bool:
+        """False only when no name, attribute or parameter of the file is `word` (lower-case), i.e. only when
+        `word not in identifiers`; one search of the text (a word in a comment answers True)."""
+        text = self.searchable_text
+        return word in text and word_pattern(word).search(text) is not None  # `in` first: 3x faster than a miss
+
+    def may_name_part(self, part: str) -> bool:
+        """False only when no name, attribute or parameter of the file, lower-cased, holds `part`."""
+        return part in self.searchable_text
 
     @cached_property
     def lines(self) -> list[str]:

@@ -7,7 +7,7 @@ from .base import Hit, Rule
 
 _GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
 _OLD_NAMES = {q.rsplit(".", 1)[1] for q in DEPRECATED}
-_OLD_NAMES_LOWER = {n.lower() for n in _OLD_NAMES}  # as in FileModel.identifiers
+_OLD_NAMES_LOWER = sorted({n.lower() for n in _OLD_NAMES})  # as FileModel.may_name asks
 _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 
 
@@ -66,7 +66,7 @@ with torch.amp.autocast("cuda"):
         return False
 
     def check(self, m):
-        attributes = m.of_class(ast.Attribute) if _OLD_NAMES_LOWER & m.identifiers else []  # most files: none
+        attributes = m.of_class(ast.Attribute) if any(map(m.may_name, _OLD_NAMES_LOWER)) else []  # most files: none
         candidates = [n for n in attributes if n.attr in _OLD_NAMES] + \
             [n for n in m.of_class(ast.ImportFrom) if n.module and ".amp" in n.module]
         if not candidates:

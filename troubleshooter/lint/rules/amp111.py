@@ -90,7 +90,8 @@ def _cast_back(m, key: str) -> bool:
 
 def _adapter_training(m) -> bool:
     """Only some parameters train: PEFT/LoRA adapters, or an optimizer fed a `requires_grad` filter."""
-    if any(("lora" in i or "peft" in i or "adapter" in i or "kbit" in i) for i in m.identifiers):
+    parts = [p for p in ("lora", "peft", "adapter", "kbit") if m.may_name_part(p)]  # most files: none
+    if parts and any(p in i for i in m.identifiers for p in parts):
         return True
     for ctors in m.optimizer_ctor.values():
         for c in ctors:

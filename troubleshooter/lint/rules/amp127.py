@@ -70,10 +70,9 @@ def _scales_anywhere(m) -> bool:
     """Any scaled backward, `*.scale` or scaler `.step` in the file: a scaler may travel under another name."""
     if any(e.kind == SCALE or (e.kind == BACKWARD and e.scaled) for s in m.scopes for e in s.events):
         return True
-    # attribute names are in the identifier set, lower-cased; a `.step` counts only on a scaler, and no name
-    # of a file with no scaler name (`may_hold_scaler`) is one
-    looked_for = {"scale", "step"} if m.may_hold_scaler else {"scale"}
-    for n in (m.of_class(ast.Attribute) if looked_for & m.identifiers else ()):
+    # a `.step` counts only on a scaler, and no name of a file with no scaler name (`may_hold_scaler`) is one
+    looked_for = ("scale", "step") if m.may_hold_scaler else ("scale",)
+    for n in (m.of_class(ast.Attribute) if any(map(m.may_name, looked_for)) else ()):
         base = tail(n.value) or ""
         if n.attr == "scale" and ("scal" in base.lower() or m.is_scaler(base)):
             return True
