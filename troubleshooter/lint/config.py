@@ -18,11 +18,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 from ..errors import UserError
 from .engine import all_rules
 
@@ -102,6 +97,11 @@ MAX_PYPROJECT_BYTES = 1024 * 1024
 
 def _read(path: Path) -> dict:
     from ..bounded import InputRefused, read_bytes
+
+    try:  # here, not at the top: a lint run with no pyproject.toml table imports no TOML parser (~3 ms)
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     try:
         text = read_bytes(str(path), MAX_PYPROJECT_BYTES).decode("utf-8")
