@@ -150,7 +150,12 @@ class Scope:
 
     @property
     def is_eval(self) -> bool:
-        return self.nograd_func or bool(EVAL_FUNC_RE.search(self.name))
+        if self.nograd_func:  # set while the model is built: read each time
+            return True
+        named = self.__dict__.get("_eval_name")  # the name never changes: its regex test runs once
+        if named is None:
+            named = self.__dict__["_eval_name"] = bool(EVAL_FUNC_RE.search(self.name))
+        return named
 
     def sibling_has(self, e: Event, kinds: set[str]) -> bool:
         """True when another branch of an if/try that holds e contains one of `kinds`."""

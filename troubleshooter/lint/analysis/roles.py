@@ -52,9 +52,11 @@ class Roles:
             if any(self.dtype_of(a) in {"fp16", "bf16"}
                    for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
                 self.halved.setdefault(base, node)
+        classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
         for k, values in self.assigns.items():
             for v in values:
-                self._classify_value(k, v)
+                if v.__class__ in classified:
+                    self._classify_value(k, v)
 
     def _collect_calls(self, scaler_names: bool) -> None:
         """What calls of a few names say (finiteness checks, scaler methods, half casts, frozen weights),
@@ -100,8 +102,6 @@ class Roles:
                 self._classify_value(key, branch)
             return
         if not isinstance(value, ast.Call):
-            if isinstance(value, (ast.Name, ast.Attribute)) and tail(value) in self.classes:
-                pass
             return
         q = self.names.qual(value.func) or ""
         t = func_tail(value) or ""
