@@ -27,6 +27,8 @@ KEYS = ("select", "ignore", "per-file-ignores", "exclude")
 
 @dataclass
 class LintConfig:
+    """The `[tool.amp-troubleshooter]` settings in effect (empty when no pyproject.toml has the table)."""
+
     select: list[str] | None = None
     ignore: list[str] | None = None
     per_file_ignores: dict[str, list[str]] = field(default_factory=dict)

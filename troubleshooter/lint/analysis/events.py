@@ -42,6 +42,8 @@ BACKWARD, UNSCALE, CLIP, GRAD, OPT_STEP, SCALER_STEP, UPDATE, SCHED_STEP, SAVE, 
 
 @dataclass
 class Loop:
+    """A loop around events (`for`/`while`), with its trip count when the code says it."""
+
     node: ast.AST
     id: int
     count: ast.AST | None  # N in `for _ in range(N)`
@@ -57,6 +59,8 @@ class Guard:
 
 @dataclass
 class Event:
+    """One step of a training loop found in a scope (a backward, a step, an unscale ...), in order."""
+
     kind: str
     node: ast.AST
     line: int
