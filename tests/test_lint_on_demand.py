@@ -225,3 +225,27 @@ def test_any_scaler_matches_the_scan_of_every_name(models):
         assert m.any_scaler == expected, name
         gated += not expected
     assert gated > 20
+
+
+def test_version_guard_tests_are_unparsed_only_where_they_can_match(models):
+    """AMP106 unparses an `if` test to look for a version guard only when its source lines can spell one:
+    the same guards as unparsing every test, on every in-repo script and on spellings the unparser
+    rewrites (escapes, implicit string concatenation, continuation lines, non-ASCII names)."""
+    from troubleshooter.lint.analysis import text
+    from troubleshooter.lint.rules.amp106 import _GUARD_RE, may_guard
+
+    src = ('import torch\nif "vers" "ion" in x: pass\nif "\\x76ersion": pass\nif a and \\\n   b: pass\n'
+           'if ｖｅｒｓｉｏｎ: pass\nif (torch.\n    __version__ >= "2"): pass\nif TORCH_GE_2: pass\n'
+           'y = 1 if hasattr(torch, "amp") else 2\nif x.parse (y): pass\nif ready: pass\n')
+    scripts = models + [("crafted", FileModel(parse(src), src))]
+    skipped = matched = 0
+    for name, m in scripts:
+        for node in m.of_class(ast.If) + m.of_class(ast.IfExp):
+            found = bool(_GUARD_RE.search(text(node.test)))
+            matched += found
+            if not may_guard(m, node.test):
+                skipped += 1
+                assert not found, (name, node.lineno, text(node.test))
+    crafted = scripts[-1][1]
+    assert [may_guard(crafted, n.test) for n in crafted.of_class(ast.If)] == [True] * 7 + [False]
+    assert skipped > 1000 and matched > 10

@@ -66,10 +66,13 @@ def _named_strings(m) -> list[tuple[str, int | None, str]]:
                 d = kwarg(c, "default")
                 if _NAME_HINTS.search(names) and isinstance(d, ast.Constant):
                     add(d.value, c.lineno, f"`{names.split()[0] if names else '?'}` default")
-        # only an assignment of a constant can add one (most of a file's assignments are not): the others
-        # are left out before the walk-order merge
-        constants = [n for n in m.of_class(ast.Assign) if n.value.__class__ is ast.Constant]
-        for node in m.in_walk_order(m.of_class(ast.AnnAssign), constants):
+        # only an assignment to a name that says model can add one (most of a file's are not): the others are
+        # left out before the walk-order merge, which then seldom has two lists to interleave
+        hinted = _NAME_HINTS.search
+        fields = [n for n in m.of_class(ast.AnnAssign) if n.target.__class__ is ast.Name and hinted(n.target.id)]
+        constants = [n for n in m.of_class(ast.Assign) if n.value.__class__ is ast.Constant and any(
+            t.__class__ is ast.Name and hinted(t.id) for t in n.targets)]
+        for node in m.in_walk_order(fields, constants):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _NAME_HINTS.search(node.target.id):
                 v = node.value
                 if isinstance(v, ast.Call) and func_tail(v) == "field":

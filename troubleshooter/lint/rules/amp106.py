@@ -16,10 +16,26 @@ def guarded_ids(m) -> set[int]:
     return m.memo.get(("amp106_guarded",), lambda: _collect_guarded(m))
 
 
+# Every match of _GUARD_RE holds one of these, lower-cased
+_GUARD_PARTS = ("version", "hasattr", "getattr", "torch_", "is_torch", "packaging", "parse")
+
+
+def may_guard(m, test: ast.AST) -> bool:
+    """False only when `_GUARD_RE` cannot match `text(test)`: the test's source lines hold none of
+    `_GUARD_PARTS`, and no string, escape or non-ASCII character that the unparser could spell otherwise.
+    Unparsing every `if` test of a file that uses an old name cost more than the rest of the rule."""
+    lines = m.memo.get(("amp106_lines",), lambda: m.source.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    span = "\n".join(lines[test.lineno - 1:test.end_lineno])  # lines as the parser counts them
+    if not span.isascii() or "\\" in span or '"' in span or "'" in span:
+        return True
+    low = span.lower()
+    return any(p in low for p in _GUARD_PARTS)
+
+
 def _collect_guarded(m) -> set[int]:
     out: set[int] = set()
     for node in m.of_class(ast.If) + m.of_class(ast.IfExp):
-        if _GUARD_RE.search(text(node.test)):
+        if may_guard(m, node.test) and _GUARD_RE.search(text(node.test)):
             out.update(id(n) for n in m.subtree(node))
     for node in m.of_class(ast.Try):
         # `try: new API / except ImportError: old API` is a fallback; an old import in the try
