@@ -153,8 +153,8 @@ def test_event_scopes_are_the_scopes_with_events_for_good(models):
 
 
 def _exact_identifiers(tree: ast.AST) -> set[str]:
-    """The identifier set as the model built it before issue 28's fourth pass: every Name, Attribute and
-    def parameter (args and keyword-only), lower-cased, from a full walk."""
+    """The identifier set from a full walk: every Name, Attribute and def parameter (args and keyword-only),
+    lower-cased."""
     out = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
@@ -166,43 +166,31 @@ def _exact_identifiers(tree: ast.AST) -> set[str]:
     return out
 
 
-# what the gates ask (prefilter, walker, roles, AMP106/108/111/118/127/142), and words that are not names
+# what the gates ask (prefilter, walker, roles, AMP106/118/127/142), and words that are not names
 _GATE_WORDS = ("grad", "data", "scale", "step", "scaler", "autocast", "gradscaler", "custom_fwd", "custom_bwd",
                "backward", "not_a_name_here")
-_GATE_PARTS = ("scaler", "scale_loss", "loss_scale", "lora", "peft", "adapter", "kbit", "scal")
+_GATE_PARTS = ("scaler", "scale_loss", "loss_scale", "scal")
 
 
-def test_name_gates_never_miss_a_name(models):
-    """`may_name` / `may_name_part` (searches of the lower-cased text) answer False only where the exact
-    identifier set has no such name, for every name of every script and the words the gates ask."""
+def test_name_gates_answer_as_the_identifier_set(models):
+    """`may_name` / `may_name_part` answer exactly what the identifier set says, for every name of every
+    script and the words the gates ask; names are read as the parser reads them (NFKC)."""
     misses = 0
     for name, m in models:
         exact = _exact_identifiers(m.tree)
         assert m.identifiers == exact, name
-        for word in exact:
-            assert m.may_name(word), (name, word)
         for word in _GATE_WORDS:
-            assert m.may_name(word) or word not in exact, (name, word)
+            assert m.may_name(word) == (word in exact), (name, word)
             misses += not m.may_name(word)
         for part in _GATE_PARTS:
-            assert m.may_name_part(part) or not any(part in i for i in exact), (name, part)
-        assert m.scaler_named or not any("scaler" in i for i in exact), name
+            assert m.may_name_part(part) == any(part in i for i in exact), (name, part)
+        assert m.scaler_named == any("scaler" in i for i in exact), name
     assert misses > 100  # the gates do say no
-
-
-def test_name_gates_read_names_as_the_parser_does():
-    """A name spelled with compatibility characters (`ｇｒａｄ`, `ﬁx`) is `grad` / `fix` to Python; a word
-    that only continues a longer name (`grad_x`, `xgrad`) or sits in a string is not that name but may be
-    answered True (the gates are supersets)."""
     src = 'p = model.ｇｒａｄ\nｕse_ﬁx = 1\nx = grad_x + xgrad\ns = "Gradscaler in a string"\n'
     m = FileModel(parse(src), src)
-    assert m.identifiers == _exact_identifiers(m.tree) and {"grad", "use_fix"} <= m.identifiers
+    assert {"grad", "use_fix"} <= m.identifiers == _exact_identifiers(m.tree)
     assert m.may_name("grad") and m.may_name("use_fix") and m.may_name_part("use_f")
-    assert not m.may_name("grad_") and not m.may_name("gradx") and not m.may_name("rad")
-    assert m.may_name("gradscaler")  # in a string: True, never a miss
-    plain = "x = grad_x + xgrad + model.Grads\n"
-    assert not FileModel(parse(plain), plain).may_name("grad")
-    assert FileModel(parse(plain), plain).may_name("grads")
+    assert not m.may_name("grad_") and not m.may_name("rad") and not m.may_name("gradscaler")
 
 
 def test_any_scaler_matches_the_scan_of_every_name(models):

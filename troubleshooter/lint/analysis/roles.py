@@ -22,8 +22,7 @@ class Roles:
 
     def _collect(self) -> None:
         """One pass per node kind over the class index (walk order within each kind), not a dispatch
-        over every node: names and attributes, most of a file, are not visited here (the identifier set is
-        built only when an exact reader asks, model.py)."""
+        over every node: names and attributes, most of a file, only feed the identifier set (model.py)."""
         of = self.of_class
         self.scaler_named = scaler_names = self.may_name_part("scaler")
         self._collect_calls(scaler_names)
@@ -203,7 +202,7 @@ class Roles:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
         if not any(self.may_name_part(p) for p in ("scaler", "scale_loss", "loss_scale")):
-            return False  # the test below needs a name holding one of these (three searches of the text)
+            return False  # the test below needs a name holding one of these (three C-speed searches)
         named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
         if not named:
             return False

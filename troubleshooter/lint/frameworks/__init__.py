@@ -154,8 +154,6 @@ def derives(m, bases: set[str], packages: tuple[str, ...]) -> set[str]:
         return name in bases and q.startswith(packages)
 
     found: set[str] = set()
-    if not m.classes or not any(m.may_name_part(p.lower()) for p in packages):
-        return found  # a qualified name starting with a package holds its name, written in the file's text
     changed = True
     while changed:
         changed = False

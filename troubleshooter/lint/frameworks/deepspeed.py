@@ -160,8 +160,7 @@ def configs(m) -> list[DSConfig]:
 
 def uses_deepspeed(m) -> bool:
     return imports(m, "deepspeed") or bool(m.calls_named("DeepSpeedStrategy")) or (
-        m.may_name("deepspeed")  # a keyword's name is written in the text: most files have none
-        and "deepspeed" in set(map(_ARG, m.of_class(ast.keyword)))  # class keywords too: checked below
+        "deepspeed" in set(map(_ARG, m.of_class(ast.keyword)))  # class keywords too: checked below
         and any(k.arg == "deepspeed" for c in m.calls for k in c.keywords))
 
 

@@ -27,7 +27,7 @@ def trained_half_models(m) -> dict[str, ast.AST]:
     The conversion must be followed, in its own (non-export) scope, by building the optimizer or
     by a backward/optimizer step, so `model.half()` inside an export helper is not a training bug.
     """
-    if not any(e.kind == BACKWARD for s in m.scopes for e in s.events):
+    if not any(e.kind == BACKWARD for s in m.event_scopes for e in s.events):
         return {}
     opt_names = optimized_names(m)
     out = {}
@@ -90,8 +90,7 @@ def _cast_back(m, key: str) -> bool:
 
 def _adapter_training(m) -> bool:
     """Only some parameters train: PEFT/LoRA adapters, or an optimizer fed a `requires_grad` filter."""
-    parts = [p for p in ("lora", "peft", "adapter", "kbit") if m.may_name_part(p)]  # most files: none
-    if parts and any(p in i for i in m.identifiers for p in parts):
+    if any(("lora" in i or "peft" in i or "adapter" in i or "kbit" in i) for i in m.identifiers):
         return True
     for ctors in m.optimizer_ctor.values():
         for c in ctors:

@@ -42,13 +42,13 @@ scaler.update()
                   "https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)")
 
     def check(self, m):
-        if _scales_anywhere(m) or not any(e.kind == BACKWARD and not e.managed for s in m.scopes for e in s.events):
+        if _scales_anywhere(m) or not any(e.kind == BACKWARD and not e.managed for s in m.event_scopes for e in s.events):
             return
         for key in m.scaler_ctor:
             state = m.scaler_enabled_state(key)
             if key in m.scaler_passed or state == "no":
                 continue
-            calls = sorted((e for s in m.scopes for e in s.of(UPDATE, UNSCALE) if e.recv == key and not e.via_call),
+            calls = sorted((e for s in m.event_scopes for e in s.of(UPDATE, UNSCALE) if e.recv == key and not e.via_call),
                            key=lambda e: (e.line, e.col))
             if not calls:
                 continue
