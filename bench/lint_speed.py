@@ -16,7 +16,9 @@ each the median of --repeat runs, and prints ms per 1000 lines and the ratios.
 each tree's .py files copied once, then rounds of fresh processes in rotating order, CPU seconds of each
 child from getrusage: ours (CLI, --no-cache, one process), ours again with a warm result cache (a second
 run over the unchanged tree), a bare read + `ast.parse` of the same files (the floor any Python AST
-linter pays), `ruff check --select ALL --silent --isolated --no-cache`, and `python -m pyflakes`; then the
+linter pays), `ruff check --select ALL --silent --isolated --no-cache`, ruff again with its own cache
+(`--cache-dir` in the temp folder, a second run over the unchanged tree: `ruff_cached`, to compare with
+`ours_cached`), and `python -m pyflakes`; then the
 start-up on one 16-line file (ours, pyflakes, ruff, a bare `python -c pass`). ruff and pyflakes are
 optional (`pip install ruff pyflakes`); a missing one is skipped with the reason printed. Bytecode is
 compiled first and PYTHONDONTWRITEBYTECODE dropped for the children, as in an installed package.
@@ -182,6 +184,11 @@ def _peers() -> tuple[dict[str, list[str]], list[str]]:
     return found, skipped
 
 
+def _cached_ruff(ruff: list[str], cache_dir: Path) -> list[str]:
+    """The ruff command with its own result cache in `cache_dir` instead of `--no-cache`."""
+    return [a for a in ruff if a != "--no-cache"] + ["--cache-dir", str(cache_dir)]
+
+
 def _ours(*args: str) -> list[str]:
     """Our CLI (run with cwd set to the checkout whose `troubleshooter` package it should use)."""
     return [sys.executable, "-m", "troubleshooter", "lint", "--format", "json", "--exit-zero", *args]
@@ -246,11 +253,17 @@ def time_trees(trees: list[str], rounds: int, same_as: str | None, before: str |
                      "ours_cached": _ours("--cache-dir", str(cache), str(work)),
                      "floor": [sys.executable, "-c", FLOOR, str(work)],
                      **{k: v + [str(work)] for k, v in peers.items()}}
-            _cpu_of(tools["ours_cached"], ROOT)  # fills the cache: every timed cached run is a second run
+            if "ruff" in peers:  # the issue's command as people run it: with ruff's own cache (warm, like ours_cached)
+                tools["ruff_cached"] = _cached_ruff(peers["ruff"], tmp / f"ruff_cache_{name}") + [str(work)]
+            for warm in ("ours_cached", "ruff_cached"):
+                if warm in tools:
+                    _cpu_of(tools[warm], ROOT)  # fills the cache: every timed cached run is a second run
             cpu = _rounds(tools, rounds, before)
             med = {k: statistics.median(v) for k, v in cpu.items()}
-            ratios = {f"ours/{k}": med["ours"] / med[k] for k in med if k != "ours"}
+            ratios = {f"ours/{k}": med["ours"] / med[k] for k in med if k not in ("ours", "ruff_cached")}
             ratios["ours_cached/floor"] = med["ours_cached"] / med["floor"]
+            if "ruff_cached" in med:  # like for like, both warm; the cold ratio above stays ours / ruff --no-cache
+                ratios["ours_cached/ruff_cached"] = med["ours_cached"] / med["ruff_cached"]
             results["trees"][name] = {"files": files, "lines": lines, "cpu_s": med, "runs": cpu, "ratios": ratios,
                                       "files_per_cpu_s": {k: files / v for k, v in med.items() if v}}
             print(f"{name}: {files} files, {lines} lines; CPU s (median of {rounds}): "

@@ -172,3 +172,19 @@ def test_fix_optimizer_step_and_unscaled_backward():
     assert "    scaler.step(opt)\n    scaler.update()\n\n\ndef b" in result.fixed_text
     assert "    scaler.scale(loss).backward()\n" in result.fixed_text
     assert lint_text(result.fixed_text).findings == []
+
+
+def test_lint_command_imports_only_what_linting_needs(tmp_path):
+    """Start-up is most of linting a few files (issue 28): `lint` imports neither the GPU tables
+    (`troubleshooter.hardware`; AMP121 reads its sizes from hardware_sizes) nor a TOML parser when no
+    pyproject.toml is read, and leaves the cycle collector as it found it."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = torch.nn.Linear(100, 30)\n")
+    code = ("import gc, sys\nfrom troubleshooter.cli import main\ncode = main(['lint', '--isolated', '--no-cache', "
+            f"{str(script)!r}])\nprint(code, gc.isenabled(), sorted(m for m in sys.modules "
+            "if m in ('troubleshooter.hardware', 'tomllib', 'tomli')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert done.stdout.splitlines()[-1] == "0 True []", done.stdout + done.stderr  # info findings only: exit 0
+    assert "AMP121" in done.stdout

@@ -150,3 +150,90 @@ def test_event_scopes_are_the_scopes_with_events_for_good(models):
         assert [id(s) for s in m.scopes if s.events] == before, name
         with_events += bool(before)
     assert with_events > 100
+
+
+def _exact_identifiers(tree: ast.AST) -> set[str]:
+    """The identifier set from a full walk: every Name, Attribute and def parameter (args and keyword-only),
+    lower-cased."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            out.add(n.id.lower())
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr.lower())
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.update(a.arg.lower() for a in n.args.args + n.args.kwonlyargs)
+    return out
+
+
+# what the gates ask (prefilter, walker, roles, AMP106/118/127/142), and words that are not names
+_GATE_WORDS = ("grad", "data", "scale", "step", "scaler", "autocast", "gradscaler", "custom_fwd", "custom_bwd",
+               "backward", "not_a_name_here")
+_GATE_PARTS = ("scaler", "scale_loss", "loss_scale", "scal")
+
+
+def test_name_gates_answer_as_the_identifier_set(models):
+    """`may_name` / `may_name_part` answer exactly what the identifier set says, for every name of every
+    script and the words the gates ask; names are read as the parser reads them (NFKC)."""
+    misses = 0
+    for name, m in models:
+        exact = _exact_identifiers(m.tree)
+        assert m.identifiers == exact, name
+        for word in _GATE_WORDS:
+            assert m.may_name(word) == (word in exact), (name, word)
+            misses += not m.may_name(word)
+        for part in _GATE_PARTS:
+            assert m.may_name_part(part) == any(part in i for i in exact), (name, part)
+        assert m.scaler_named == any("scaler" in i for i in exact), name
+    assert misses > 100  # the gates do say no
+    src = 'p = model.ｇｒａｄ\nｕse_ﬁx = 1\nx = grad_x + xgrad\ns = "Gradscaler in a string"\n'
+    m = FileModel(parse(src), src)
+    assert {"grad", "use_fix"} <= m.identifiers == _exact_identifiers(m.tree)
+    assert m.may_name("grad") and m.may_name("use_fix") and m.may_name_part("use_f")
+    assert not m.may_name("grad_") and not m.may_name("rad") and not m.may_name("gradscaler")
+
+
+def test_any_scaler_matches_the_scan_of_every_name(models):
+    """`any_scaler` asks the text for a name holding "scaler" / "scale_loss" / "loss_scale" before the exact
+    scan: the same answer as scanning every identifier."""
+    import re
+
+    from troubleshooter.lint.analysis.vocab import SKLEARN_SCALER_RE
+    from troubleshooter.lint.analysis.astutil import func_tail
+
+    gated = 0
+    for name, m in models:
+        exact = _exact_identifiers(m.tree)
+        other = {k.lower() for k, vs in m.assigns.items() if any(
+            isinstance(v, ast.Call) and re.search(r"(Standard|MinMax|Robust|MaxAbs)Scaler$", func_tail(v) or "")
+            for v in vs)}
+        expected = bool(m.scaler_ctor or m.scaler_method_keys) or any(
+            ("scaler" in i and i not in other and not SKLEARN_SCALER_RE.search(i)) or "scale_loss" in i
+            or "loss_scale" in i for i in exact if "scal" in i)
+        assert m.any_scaler == expected, name
+        gated += not expected
+    assert gated > 20
+
+
+def test_version_guard_tests_are_unparsed_only_where_they_can_match(models):
+    """AMP106 unparses an `if` test to look for a version guard only when its source lines can spell one:
+    the same guards as unparsing every test, on every in-repo script and on spellings the unparser
+    rewrites (escapes, implicit string concatenation, continuation lines, non-ASCII names)."""
+    from troubleshooter.lint.analysis import text
+    from troubleshooter.lint.rules.amp106 import _GUARD_RE, may_guard
+
+    src = ('import torch\nif "vers" "ion" in x: pass\nif "\\x76ersion": pass\nif a and \\\n   b: pass\n'
+           'if ｖｅｒｓｉｏｎ: pass\nif (torch.\n    __version__ >= "2"): pass\nif TORCH_GE_2: pass\n'
+           'y = 1 if hasattr(torch, "amp") else 2\nif x.parse (y): pass\nif ready: pass\n')
+    scripts = models + [("crafted", FileModel(parse(src), src))]
+    skipped = matched = 0
+    for name, m in scripts:
+        for node in m.of_class(ast.If) + m.of_class(ast.IfExp):
+            found = bool(_GUARD_RE.search(text(node.test)))
+            matched += found
+            if not may_guard(m, node.test):
+                skipped += 1
+                assert not found, (name, node.lineno, text(node.test))
+    crafted = scripts[-1][1]
+    assert [may_guard(crafted, n.test) for n in crafted.of_class(ast.If)] == [True] * 7 + [False]
+    assert skipped > 1000 and matched > 10

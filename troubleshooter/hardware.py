@@ -9,25 +9,18 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-
-# Tensor cores want GEMM dimensions in multiples of 16 bytes: 8 float16/bfloat16 elements.
-# Vocabulary sizes (embedding rows, LM heads) do best as multiples of 64.
-HALF_MULTIPLE = 8
-VOCAB_MULTIPLE = 64
+# Tensor-core sizes (HALF_MULTIPLE = 8 elements, VOCAB_MULTIPLE = 64) and `padded_size` live in
+# hardware_sizes.py so the linter reads them without importing this module; they are public here too.
+from .hardware_sizes import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size  # noqa: F401
 
 
 def _read_yaml(name: str):
-    """A data file, loaded on first use: the linter imports this module for its constants alone."""
+    """A data file, loaded on first use: importing this module reads no file."""
     from importlib import resources
 
     import yaml
 
     return yaml.safe_load(resources.files("troubleshooter.data").joinpath(name).read_text(encoding="utf-8"))
-
-
-def padded_size(value: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= value: the size to pad a dimension to."""
-    return -(-int(value) // multiple) * multiple
 
 
 @dataclass(frozen=True)

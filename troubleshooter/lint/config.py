@@ -18,11 +18,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 from ..errors import UserError
 from .engine import all_rules
 
@@ -32,6 +27,8 @@ KEYS = ("select", "ignore", "per-file-ignores", "exclude")
 
 @dataclass
 class LintConfig:
+    """The `[tool.amp-troubleshooter]` settings in effect (empty when no pyproject.toml has the table)."""
+
     select: list[str] | None = None
     ignore: list[str] | None = None
     per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
@@ -102,6 +99,11 @@ MAX_PYPROJECT_BYTES = 1024 * 1024
 
 def _read(path: Path) -> dict:
     from ..bounded import InputRefused, read_bytes
+
+    try:  # here, not at the top: a lint run with no pyproject.toml table imports no TOML parser (~3 ms)
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     try:
         text = read_bytes(str(path), MAX_PYPROJECT_BYTES).decode("utf-8")

@@ -26,6 +26,8 @@ def _cell_ref(unit: SourceUnit, line: int) -> str:
 
 @dataclass
 class LintReport:
+    """What a lint run found: findings, unreadable inputs, notes and the safe fixes of the findings."""
+
     findings: list[Finding] = field(default_factory=list)
     errors: list[LintError] = field(default_factory=list)
     files: int = 0

@@ -31,6 +31,8 @@ FIXABLE = tuple(r.id for r in RULES if r.fixable)
 
 @dataclass
 class FixResult:
+    """The text after the safe fixes, its unified diff and the findings the fixes resolved."""
+
     fixed_text: str
     diff: str
     applied: list[Finding] = field(default_factory=list)

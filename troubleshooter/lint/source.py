@@ -43,6 +43,8 @@ def parse_problem(exc: BaseException) -> str:
 
 @dataclass
 class LintError:
+    """An input that could not be read or parsed (exit status 2), with where it failed when known."""
+
     path: str
     message: str
     line: int | None = None

@@ -42,6 +42,8 @@ BACKWARD, UNSCALE, CLIP, GRAD, OPT_STEP, SCALER_STEP, UPDATE, SCHED_STEP, SAVE, 
 
 @dataclass
 class Loop:
+    """A loop around events (`for`/`while`), with its trip count when the code says it."""
+
     node: ast.AST
     id: int
     count: ast.AST | None  # N in `for _ in range(N)`
@@ -57,6 +59,8 @@ class Guard:
 
 @dataclass
 class Event:
+    """One step of a training loop found in a scope (a backward, a step, an unscale ...), in order."""
+
     kind: str
     node: ast.AST
     line: int
@@ -150,7 +154,12 @@ class Scope:
 
     @property
     def is_eval(self) -> bool:
-        return self.nograd_func or bool(EVAL_FUNC_RE.search(self.name))
+        if self.nograd_func:  # set while the model is built: read each time
+            return True
+        named = self.__dict__.get("_eval_name")  # the name never changes: its regex test runs once
+        if named is None:
+            named = self.__dict__["_eval_name"] = bool(EVAL_FUNC_RE.search(self.name))
+        return named
 
     def sibling_has(self, e: Event, kinds: set[str]) -> bool:
         """True when another branch of an if/try that holds e contains one of `kinds`."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import weakref
 from functools import cached_property, partial
+from operator import attrgetter
 from typing import Any, Callable
 
 from .astutil import tail, walk, walk_indexed, walk_parsed
@@ -13,6 +14,9 @@ from .names import Names
 from .prefilter import defs_holding, event_capable_defs
 from .roles import Roles
 from .walker import LightWalker, Walker
+
+
+_ID, _ATTR = attrgetter("id"), attrgetter("attr")
 
 
 def _walk_later(model_ref, scope: Scope) -> None:
@@ -72,7 +76,6 @@ class FileModel(Roles, AutocastResolution):
         self.halved_pretrained: dict[str, ast.AST] = {}
         self.frozen: set[str] = set()
         self.instances: dict[str, str] = {}  # key -> local class name
-        self.identifiers: set[str] = set()
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
         self.scaler_named = False  # some name or attribute of the file holds "scaler" (roles.py)
@@ -117,6 +120,30 @@ class FileModel(Roles, AutocastResolution):
         # model file has hundreds of functions and none of them records one). Events are final here: a
         # LazyScope's later walk records none.
         self.event_scopes: list[Scope] = [s for s in self.scopes if s.events]
+
+    @cached_property
+    def identifiers(self) -> set[str]:
+        """Every name, attribute and def parameter of the file, lower-cased (keyword-argument names are not
+        in it), built on first use: the gates below ask it on every file."""
+        of = self.of_class
+        distinct = set(map(_ID, of(ast.Name)))  # at C speed (most names repeat), then each lower-cased once
+        distinct.update(map(_ATTR, of(ast.Attribute)))
+        for node in of(ast.FunctionDef) + of(ast.AsyncFunctionDef):
+            args = node.args
+            distinct.update(a.arg for a in args.args + args.kwonlyargs)
+        return {i.lower() for i in distinct}
+
+    @cached_property
+    def _identifier_text(self) -> str:
+        return "\n".join(self.identifiers)  # no name holds a newline: one substring search at C speed
+
+    def may_name(self, word: str) -> bool:
+        """Some name, attribute or def parameter of the file is `word` (lower-case)."""
+        return word in self.identifiers
+
+    def may_name_part(self, part: str) -> bool:
+        """Some name, attribute or def parameter of the file, lower-cased, holds `part`."""
+        return part in self._identifier_text
 
     @cached_property
     def lines(self) -> list[str]:

@@ -65,7 +65,7 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                 f = calls[i].func
                 if f.__class__ is not ast.Attribute or tail(f.value) == "self":
                     helper.append((calls[i].lineno, t))
-    if "grad" in m.identifiers:  # every attribute name is there, lower-cased: most files have no `.grad`
+    if m.may_name("grad"):  # False when no name or attribute is `grad`: most files have no `.grad`
         trig_lines += [a.lineno for a in m.of_class(ast.Attribute) if a.attr == "grad"]
     trig_lines.sort()
     helper.sort()

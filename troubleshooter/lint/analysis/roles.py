@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import ast
 import re
-from operator import attrgetter
 
 from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwarg, peel, receiver, tail, text
 from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
 
 
-_ID, _ATTR = attrgetter("id"), attrgetter("attr")
 _FINITE_CHECKS = ("isfinite", "isnan", "isinf", "nan_to_num", "isfinite_", "all_finite")
 _CASTS = ("half", "bfloat16", "to")
 # methods a scaler is an argument of without being handed to code that may update it
@@ -24,13 +22,9 @@ class Roles:
 
     def _collect(self) -> None:
         """One pass per node kind over the class index (walk order within each kind), not a dispatch
-        over every node: names and attributes, most of a file, only feed the identifier set."""
+        over every node: names and attributes, most of a file, only feed the identifier set (model.py)."""
         of = self.of_class
-        # the distinct names first, at C speed (most names repeat), then each lower-cased once
-        distinct = set(map(_ID, of(ast.Name)))
-        distinct.update(map(_ATTR, of(ast.Attribute)))
-        self.identifiers.update({i.lower() for i in distinct})
-        self.scaler_named = scaler_names = any("scaler" in i for i in self.identifiers)
+        self.scaler_named = scaler_names = self.may_name_part("scaler")
         self._collect_calls(scaler_names)
         assign_counts: dict[str, int] = {}
         for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
@@ -44,8 +38,6 @@ class Roles:
                             self.consts[k] = node.value
         for node in self.in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
             self.functions.setdefault(node.name, []).append(node)
-            for a in node.args.args + node.args.kwonlyargs:
-                self.identifiers.add(a.arg.lower())
         for node in of(ast.ClassDef):
             self.classes[node.name] = node
             for item in node.body:
@@ -59,9 +51,11 @@ class Roles:
             if any(self.dtype_of(a) in {"fp16", "bf16"}
                    for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
                 self.halved.setdefault(base, node)
+        classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
         for k, values in self.assigns.items():
             for v in values:
-                self._classify_value(k, v)
+                if v.__class__ in classified:
+                    self._classify_value(k, v)
 
     def _collect_calls(self, scaler_names: bool) -> None:
         """What calls of a few names say (finiteness checks, scaler methods, half casts, frozen weights),
@@ -107,8 +101,6 @@ class Roles:
                 self._classify_value(key, branch)
             return
         if not isinstance(value, ast.Call):
-            if isinstance(value, (ast.Name, ast.Attribute)) and tail(value) in self.classes:
-                pass
             return
         q = self.names.qual(value.func) or ""
         t = func_tail(value) or ""
@@ -209,8 +201,8 @@ class Roles:
     def _any_scaler(self) -> bool:
         if self.scaler_ctor or self.scaler_method_keys:
             return True
-        if "scal" not in "\n".join(self.identifiers):  # one search at C speed; no name holds a newline
-            return False
+        if not any(self.may_name_part(p) for p in ("scaler", "scale_loss", "loss_scale")):
+            return False  # the test below needs a name holding one of these (three C-speed searches)
         named = [i for i in self.identifiers if "scal" in i]  # each test below needs "scal" in the name
         if not named:
             return False

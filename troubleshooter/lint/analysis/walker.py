@@ -343,7 +343,7 @@ class Walker:
 
     def _find_direct_kinds(self, d: ast.AST) -> frozenset:
         m = self.m
-        if not m.memo.get(_DIRECT_KINDS_POSSIBLE, lambda: "grad" in m.identifiers or "backward" in m.calls_by_tail()
+        if not m.memo.get(_DIRECT_KINDS_POSSIBLE, lambda: m.may_name("grad") or "backward" in m.calls_by_tail()
                           or m.may_hold_scaler):
             return frozenset()  # no `.grad`, no backward call, no scaler name anywhere in the file
         kinds = set()

@@ -39,24 +39,40 @@ def model_names(m, bf16: bool = True) -> list[tuple[str, int | None, str]]:
     def compute():
         out = []
         seen = set()
+        for value, line, how in _named_strings(m):
+            if bool(bf16_family(value)) == bf16 and (value, line) not in seen:
+                seen.add((value, line))
+                out.append((value, line, how))
+        return out
+    return m.memo.get(("model_names", bf16), compute)
+
+
+def _named_strings(m) -> list[tuple[str, int | None, str]]:
+    """Every candidate of `model_names` (non-blank strings in the places it reads), in its order, found once
+    for both of its questions (bfloat16 families, and the others)."""
+    def compute():
+        out = []
 
         def add(value, line, how):
-            if isinstance(value, str) and value.strip() and bool(bf16_family(value)) == bf16 and (value, line) not in seen:
-                seen.add((value, line))
+            if isinstance(value, str) and value.strip():
                 out.append((value, line, how))
 
         for c in m.calls_named("from_pretrained", "add_argument", "option"):
             t = func_tail(c) or ""
             if t == "from_pretrained" and c.args and isinstance(c.args[0], ast.Constant):
                 add(c.args[0].value, c.lineno, "from_pretrained")
-            elif t == "from_pretrained" and c.args and not bf16:
-                continue  # a name from a variable: not a second model we can name
             elif t in {"add_argument", "option"}:
                 names = " ".join(a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
                 d = kwarg(c, "default")
                 if _NAME_HINTS.search(names) and isinstance(d, ast.Constant):
                     add(d.value, c.lineno, f"`{names.split()[0] if names else '?'}` default")
-        for node in m.in_walk_order(m.of_class(ast.AnnAssign), m.of_class(ast.Assign)):
+        # only an assignment to a name that says model can add one (most of a file's are not): the others are
+        # left out before the walk-order merge, which then seldom has two lists to interleave
+        hinted = _NAME_HINTS.search
+        fields = [n for n in m.of_class(ast.AnnAssign) if n.target.__class__ is ast.Name and hinted(n.target.id)]
+        constants = [n for n in m.of_class(ast.Assign) if n.value.__class__ is ast.Constant and any(
+            t.__class__ is ast.Name and hinted(t.id) for t in n.targets)]
+        for node in m.in_walk_order(fields, constants):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _NAME_HINTS.search(node.target.id):
                 v = node.value
                 if isinstance(v, ast.Call) and func_tail(v) == "field":
@@ -74,4 +90,4 @@ def model_names(m, bf16: bool = True) -> list[tuple[str, int | None, str]]:
                 if isinstance(v, str):
                     add(v, None, f"{cfg.where(key)}: {key}")
         return out
-    return m.memo.get(("model_names", bf16), compute)
+    return m.memo.get(("model_named_strings",), compute)

@@ -62,11 +62,11 @@ def inside(node: ast.AST, block: ast.AST) -> bool:
 
 
 def unmanaged_backwards(m: FileModel) -> list:
-    return [e for s in m.scopes for e in s.events if e.kind == BACKWARD and not e.managed]
+    return [e for s in m.event_scopes for e in s.events if e.kind == BACKWARD and not e.managed]
 
 
 def steps(m: FileModel) -> list:
-    return [e for s in m.scopes for e in s.events if e.kind in (OPT_STEP, SCALER_STEP)]
+    return [e for s in m.event_scopes for e in s.events if e.kind in (OPT_STEP, SCALER_STEP)]
 
 
 def rank_test(test: ast.AST) -> str | None:

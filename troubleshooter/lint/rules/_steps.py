@@ -32,6 +32,8 @@ _ACCUM_RE = re.compile(r"accum|acc_steps|grad_acc|iters_to_acc|micro", re.I)
 
 @dataclass
 class Accumulation:
+    """Where gradients accumulate over micro-batches: a guard or a loop, and the backwards it holds."""
+
     kind: str  # "guard" (if (i+1) % N == 0) or "loop" (for micro in range(N))
     node: ast.AST
     count: ast.AST | None

@@ -57,7 +57,7 @@ scaler.update()
 
     def _step_helper(self, m):
         """`def step(self): clip(...); self.scaler.step(opt)` with the scaled backward in another method."""
-        if not any(e.kind == BACKWARD and e.scaled and not e.managed for s in m.scopes for e in s.events):
+        if not any(e.kind == BACKWARD and e.scaled and not e.managed for s in m.event_scopes for e in s.events):
             return
         for s in m.event_scopes:
             if s.of(BACKWARD):

@@ -37,7 +37,7 @@ scaler.update()
     def check(self, m):
         if m.any_scaler and not _only_dead_scaler(m):
             return
-        if any(e.managed for s in m.scopes for e in s.events if e.kind == "backward"):
+        if any(e.managed for s in m.event_scopes for e in s.events if e.kind == "backward"):
             return
         for s, ac, node in training_regions(m, ("fp16",), unmanaged=True):
             how = "dtype=torch.float16" if ac.device != "cuda" else "float16 (explicit or CUDA's default dtype)"

@@ -7,7 +7,7 @@ from .base import Hit, Rule
 
 _GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
 _OLD_NAMES = {q.rsplit(".", 1)[1] for q in DEPRECATED}
-_OLD_NAMES_LOWER = {n.lower() for n in _OLD_NAMES}  # as in FileModel.identifiers
+_OLD_NAMES_LOWER = sorted({n.lower() for n in _OLD_NAMES})  # as FileModel.may_name asks
 _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 
 
@@ -16,10 +16,26 @@ def guarded_ids(m) -> set[int]:
     return m.memo.get(("amp106_guarded",), lambda: _collect_guarded(m))
 
 
+# Every match of _GUARD_RE holds one of these, lower-cased
+_GUARD_PARTS = ("version", "hasattr", "getattr", "torch_", "is_torch", "packaging", "parse")
+
+
+def may_guard(m, test: ast.AST) -> bool:
+    """False only when `_GUARD_RE` cannot match `text(test)`: the test's source lines hold none of
+    `_GUARD_PARTS`, and no string, escape or non-ASCII character that the unparser could spell otherwise.
+    Unparsing every `if` test of a file that uses an old name cost more than the rest of the rule."""
+    lines = m.memo.get(("amp106_lines",), lambda: m.source.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    span = "\n".join(lines[test.lineno - 1:test.end_lineno])  # lines as the parser counts them
+    if not span.isascii() or "\\" in span or '"' in span or "'" in span:
+        return True
+    low = span.lower()
+    return any(p in low for p in _GUARD_PARTS)
+
+
 def _collect_guarded(m) -> set[int]:
     out: set[int] = set()
     for node in m.of_class(ast.If) + m.of_class(ast.IfExp):
-        if _GUARD_RE.search(text(node.test)):
+        if may_guard(m, node.test) and _GUARD_RE.search(text(node.test)):
             out.update(id(n) for n in m.subtree(node))
     for node in m.of_class(ast.Try):
         # `try: new API / except ImportError: old API` is a fallback; an old import in the try
@@ -66,7 +82,7 @@ with torch.amp.autocast("cuda"):
         return False
 
     def check(self, m):
-        attributes = m.of_class(ast.Attribute) if _OLD_NAMES_LOWER & m.identifiers else []  # most files: none
+        attributes = m.of_class(ast.Attribute) if any(map(m.may_name, _OLD_NAMES_LOWER)) else []  # most files: none
         candidates = [n for n in attributes if n.attr in _OLD_NAMES] + \
             [n for n in m.of_class(ast.ImportFrom) if n.module and ".amp" in n.module]
         if not candidates:

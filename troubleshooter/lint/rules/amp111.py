@@ -27,7 +27,7 @@ def trained_half_models(m) -> dict[str, ast.AST]:
     The conversion must be followed, in its own (non-export) scope, by building the optimizer or
     by a backward/optimizer step, so `model.half()` inside an export helper is not a training bug.
     """
-    if not any(e.kind == BACKWARD for s in m.scopes for e in s.events):
+    if not any(e.kind == BACKWARD for s in m.event_scopes for e in s.events):
         return {}
     opt_names = optimized_names(m)
     out = {}

@@ -32,7 +32,7 @@ if scaler.get_scale() < 1.0:
 
     def check(self, m):
         lines = set()
-        if not (m.scaler_ctor or m.scaler_method_keys or any("scaler" in i for i in m.identifiers)):
+        if not (m.scaler_ctor or m.scaler_method_keys or m.may_name_part("scaler")):
             return  # no receiver below can be a scaler (`is_scaler` needs one of these)
         for n in m.of_class(ast.Attribute):
             if n.attr.startswith("_") and not n.attr.startswith("__"):

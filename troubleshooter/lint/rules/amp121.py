@@ -1,7 +1,7 @@
 """AMP121 misaligned-layer-dims."""
 import ast
 
-from ...hardware import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
+from ...hardware_sizes import HALF_MULTIPLE, VOCAB_MULTIPLE, padded_size
 from ..analysis import tail
 from .base import Hit, Rule
 

@@ -42,13 +42,13 @@ scaler.update()
                   "https://pytorch.org/docs/stable/notes/amp_examples.html (Typical mixed precision training)")
 
     def check(self, m):
-        if _scales_anywhere(m) or not any(e.kind == BACKWARD and not e.managed for s in m.scopes for e in s.events):
+        if _scales_anywhere(m) or not any(e.kind == BACKWARD and not e.managed for s in m.event_scopes for e in s.events):
             return
         for key in m.scaler_ctor:
             state = m.scaler_enabled_state(key)
             if key in m.scaler_passed or state == "no":
                 continue
-            calls = sorted((e for s in m.scopes for e in s.of(UPDATE, UNSCALE) if e.recv == key and not e.via_call),
+            calls = sorted((e for s in m.event_scopes for e in s.of(UPDATE, UNSCALE) if e.recv == key and not e.via_call),
                            key=lambda e: (e.line, e.col))
             if not calls:
                 continue
@@ -68,12 +68,12 @@ scaler.update()
 
 def _scales_anywhere(m) -> bool:
     """Any scaled backward, `*.scale` or scaler `.step` in the file: a scaler may travel under another name."""
-    if any(e.kind == SCALE or (e.kind == BACKWARD and e.scaled) for s in m.scopes for e in s.events):
+    if any(e.kind == SCALE or (e.kind == BACKWARD and e.scaled) for s in m.event_scopes for e in s.events):
         return True
-    # attribute names are in the identifier set, lower-cased; a `.step` counts only on a scaler, and no name
-    # of a file with no scaler name (`may_hold_scaler`) is one
+    # a `.step` counts only on a scaler, and no name of a file with no scaler name (`may_hold_scaler`) is one
     looked_for = {"scale", "step"} if m.may_hold_scaler else {"scale"}
-    for n in (m.of_class(ast.Attribute) if looked_for & m.identifiers else ()):
+    attributes = m.of_class(ast.Attribute) if any(map(m.may_name, looked_for)) else ()
+    for n in [n for n in attributes if n.attr in looked_for]:  # picked at C speed, in walk order
         base = tail(n.value) or ""
         if n.attr == "scale" and ("scal" in base.lower() or m.is_scaler(base)):
             return True

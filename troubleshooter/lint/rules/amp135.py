@@ -40,7 +40,7 @@ scaler = ShardedGradScaler()
         if not setups:
             return
         fp16_autocast = any(ac.fp16 for s in m.scopes for ac, _, nograd in s.regions if not nograd)
-        trains = any(e.kind == BACKWARD for s in m.scopes for e in s.events)
+        trains = any(e.kind == BACKWARD for s in m.event_scopes for e in s.events)
         plain = fsdp.plain_scalers(m)
         sharded = fsdp.sharded_scalers(m)
         told_no_scaler = False

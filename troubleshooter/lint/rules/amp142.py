@@ -148,7 +148,7 @@ def _derived(m, key: str) -> set[str]:
 
 def _upcast_loop(m) -> bool:
     """`p.data = p.to(torch.float32)` / `p.data = p.data.float()`: trainable parameters upcast by hand."""
-    if "data" not in m.identifiers:  # every attribute name is there: no `.data` target in this file
+    if not m.may_name("data"):  # no name or attribute `data` anywhere: no `.data` target in this file
         return False
     for node in m.of_class(ast.Assign):
         if any(isinstance(t, ast.Attribute) and t.attr == "data" for t in node.targets) and isinstance(node.value, ast.Call):
