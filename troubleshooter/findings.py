@@ -57,6 +57,9 @@ class Location:
 
 @dataclass(frozen=True)
 class Finding:
+    """One problem, from any part of the tool (lint, check, trace, inspect): the one shape every
+    report, the page and SARIF read."""
+
     rule: str  # AMPnnn
     name: str  # short kebab-case name, e.g. clip-before-unscale
     severity: Severity
