@@ -165,3 +165,34 @@ def test_the_fast_path_covers_a_steady_step_and_leaves_it_at_a_deviation():
     moved = _traced(("moved", CALLS.index("unscale"), None), STEADY_AFTER)
     assert moved.fast_steps < clean.fast_steps
     assert not _traced(("none", 0, None), 0).fast_steps
+
+
+def test_the_forward_post_hook_stands_down_while_steady_and_comes_back_last():
+    rec = Recorder(steps=100, steady_after=STEADY_AFTER)
+    num = Numerics(rec, nan=False, headroom=False)
+    rec.on_step = num.on_step
+    installed = install(rec)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.ones(2, 3)
+
+    def step():
+        scaler.scale(model(x).pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+    try:
+        step()
+        assert list(model._forward_hooks.values()) == [num._root_post]
+        model.register_forward_hook(lambda *a: None)  # the script's own, registered after ours
+        for _ in range(6):
+            step()
+        assert rec.steady and len(model._forward_hooks) == 1  # ours stood down, the script's stays
+        rec.rearm()  # a deviation
+        step()
+        assert list(model._forward_hooks.values())[-1] == num._root_post  # back, after the script's
+    finally:
+        installed.remove()
+        num.close()

@@ -191,7 +191,8 @@ class Recorder:
         else:
             cur["dropped_events"] += 1
             self.fast = False
-        self._calls.append((kind, caller[0], caller[1], ev))
+        if self.steady_after and len(self._calls) < 2 * MAX_EVENTS_PER_STEP:  # bounded: a step that never ends
+            self._calls.append((kind, caller[0], caller[1], ev))
         return ev
 
     def overhead(self) -> dict:
@@ -493,7 +494,9 @@ class Recorder:
         self.step_unit = "optimizer"
 
     def on_optimizer_pre(self, optimizer) -> None:
-        self._note_optimizer(optimizer)
+        known = self._known_optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
+            self._note_optimizer(optimizer)
         if self.in_scaler_step:
             frame = self.in_scaler_step[-1]
             frame["ran"] = True
@@ -659,7 +662,8 @@ class Recorder:
     def scale_of(self, scaler) -> float | None:
         """A GradScaler's current scale as a float (None when disabled): read from the device once
         per value (the scale tensor's version counter tells when update() changed it)."""
-        if not _scaler_enabled(scaler):
+        if not (getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED
+                or _scaler_enabled(scaler)):  # _scaler_enabled's usual answer without its call (~3 a step)
             return None
         try:
             t = scaler._scale
