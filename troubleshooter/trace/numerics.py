@@ -200,8 +200,19 @@ class Numerics:
         if self._keeping_inputs:
             self._keep_inputs(module, args, kwargs)
         if not self.rec.muted:  # a re-run's time is counted by the call that made it
+            if self.rec.steady is (len(self._root_hooks) == 2) and self.hooks is None:
+                self._steady_post_hook(module)
             self.rec.own_s += perf_counter() - started
         return None
+
+    def _steady_post_hook(self, module) -> None:
+        """Steady state: the post-hook has nothing to do, so it is removed (its call and torch's
+        loop over the model's forward hooks are saved); out of it, added back, last again. Run
+        from the pre-hook, before torch reads the forward hooks for this call."""
+        if self.rec.steady:
+            remove(self._root_hooks.pop())
+        else:
+            self._root_hooks.append(ours(module.register_forward_hook(self._root_post)))
 
     def _root_post(self, module, args, output) -> None:
         started = perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from time import perf_counter
 
 import torch
@@ -132,7 +133,8 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
     def make_unscale(orig):
         def unscale_(self, optimizer):
             started = perf_counter()
-            rec.on_unscale(self, optimizer)
+            if not (rec.fast and rec.fast_unscale(sys._getframe(1), self, optimizer)):
+                rec.on_unscale(self, optimizer)
             rec.own_s += perf_counter() - started
             return orig(self, optimizer)
         return unscale_
@@ -140,7 +142,8 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
     def make_step(orig):
         def step(self, optimizer, *args, **kwargs):
             started = perf_counter()
-            frame = rec.on_scaler_step_enter(self, optimizer)
+            frame = rec.fast and rec.fast_scaler_step_enter(sys._getframe(1), self, optimizer) \
+                or rec.on_scaler_step_enter(self, optimizer)
             rec.own_s += perf_counter() - started
             try:
                 return orig(self, optimizer, *args, **kwargs)
@@ -158,7 +161,9 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             rec.own_s += perf_counter() - started
             out = orig(self, new_scale)
             started = perf_counter()
-            rec.on_scaler_update(self, before, rec.scale_of(self), explicit=new_scale is not None)
+            after = rec.scale_of(self)
+            if not (rec.fast and rec.fast_scaler_update(sys._getframe(1), self, before, after, new_scale is not None)):
+                rec.on_scaler_update(self, before, after, explicit=new_scale is not None)
             rec.own_s += perf_counter() - started
             return out
         return update
@@ -182,7 +187,8 @@ def _patch_autocast(rec: Recorder) -> None:
         def __enter__(self):
             out = orig(self)
             started = perf_counter()
-            rec.on_autocast_enter(self)
+            if not (rec.fast and rec.fast_autocast_enter(sys._getframe(1), self)):
+                rec.on_autocast_enter(self)
             rec.own_s += perf_counter() - started
             return out
         return __enter__
@@ -203,16 +209,19 @@ def _patch_backward(rec: Recorder) -> None:
     def make_tensor_backward(orig):
         def backward(self, *args, **kwargs):
             started = perf_counter()
-            rec.on_backward(self)
+            fast = rec.fast and rec.fast_backward(sys._getframe(1), self)
+            if not fast:
+                rec.on_backward(self)
             rec.own_s += perf_counter() - started
             rec.in_tensor_backward = True  # Tensor.backward calls torch.autograd.backward: count once
             try:
                 out = orig(self, *args, **kwargs)
             finally:
                 rec.in_tensor_backward = False
-            started = perf_counter()
-            rec.after_backward()
-            rec.own_s += perf_counter() - started
+            if not fast:  # the fast path's loop has an optimizer: after_backward() has nothing to do
+                started = perf_counter()
+                rec.after_backward()
+                rec.own_s += perf_counter() - started
             return out
         return backward
 
@@ -249,7 +258,8 @@ def _patch_clip(rec: Recorder) -> None:
             def clip(parameters, *args, **kwargs):
                 started = perf_counter()
                 params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                rec.on_clip(name, params)
+                if not (rec.fast and rec.fast_clip(sys._getframe(1), name, params)):
+                    rec.on_clip(name, params)
                 rec.own_s += perf_counter() - started
                 return orig(params, *args, **kwargs)
             return functools.wraps(orig)(clip)
@@ -266,7 +276,8 @@ def _patch_schedulers(rec: Recorder) -> None:
     def make_step(orig):
         def step(self, *args, **kwargs):
             started = perf_counter()
-            rec.on_scheduler_step(self)
+            if not (rec.fast and rec.fast_scheduler_step(sys._getframe(1), self)):
+                rec.on_scheduler_step(self)
             rec.own_s += perf_counter() - started
             return orig(self, *args, **kwargs)
         return step

@@ -35,6 +35,8 @@ TRAILING = {"scaler.update", "scheduler.step", "torch.save", "scaler.state_dict"
 # warm-up effect that lasts two steps (a scale still settling, a lazy init) re-arms before it.
 STEADY_AFTER = 3
 SCALE_KEYS = ("scale_before", "scale_after")  # values, not pattern: a grown scale is still the same step
+# the steady fast path's template ends with this record: no call matches it
+_TEMPLATE_END = (None, None, -1, None)
 
 
 class TraceStop(BaseException):
@@ -76,6 +78,15 @@ class Recorder:
         self._windows: list[list] = []  # the last few steps' patterns (events since the previous step)
         self._trailing_from = 0  # where the previous step's trailing events (update, scheduler) start
         self._autocast_enters = 0  # this window's autocast entries (a model may enter it per layer)
+        # the steady fast path (docs/trace.md, "Steady state"): on a steady step each wrapped call
+        # that is the template step's next one, from the same code object and instruction, takes
+        # its event from the template instead of walking the stack and building it
+        self._calls: list[tuple] = []  # this window's events as (kind, caller code, instruction, event)
+        self._tpl: list[tuple] = [_TEMPLATE_END]  # the template window's records, then _TEMPLATE_END
+        self._tpl_window: list | None = None  # the template window's pattern (as in self._windows)
+        self._pos = 0  # the template record the next call must match
+        self.fast = False  # this window has matched the template so far: wrappers may take the fast path
+        self.fast_steps = 0  # windows whose every event was the template's
         self.on_step = on_step  # numerics: called after every completed step
         self.steps = 0  # optimizer steps completed (scaler-skipped ones included), all optimizers
         self.stop_pending = False
@@ -155,10 +166,15 @@ class Recorder:
                 frame = frame.f_back
             if frame is None:
                 where = (None, None, None)
+                caller = (None, -1)
             else:  # line_of(frame), its remembered case inlined: a Python call less per event
-                hit = _lines.get((id(code), frame.f_lasti))
+                lasti = frame.f_lasti
+                hit = _lines.get((id(code), lasti))
                 line = hit[1] if hit is not None and hit[0] is code and frame.f_trace is None else line_of(frame)
                 where = (code.co_filename, line, code.co_name)
+                caller = (code, lasti)
+        else:
+            caller = (None, -1)
         path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
@@ -167,8 +183,16 @@ class Recorder:
         cur = self.timeline[-1]
         if len(cur["events"]) < MAX_EVENTS_PER_STEP:
             cur["events"].append(ev)
+            if self.fast:  # a call without a fast path: the window stays on template if its event is the template's
+                if self._tpl[self._pos][3] == ev:
+                    self._pos += 1
+                else:
+                    self.fast = False
         else:
             cur["dropped_events"] += 1
+            self.fast = False
+        if self.steady_after and len(self._calls) < 2 * MAX_EVENTS_PER_STEP:  # bounded: a step that never ends
+            self._calls.append((kind, caller[0], caller[1], ev))
         return ev
 
     def overhead(self) -> dict:
@@ -416,6 +440,10 @@ class Recorder:
 
     def on_scaler_update(self, scaler, before: float | None, after: float | None, explicit: bool = False) -> None:
         self.event("scaler.update", scale_before=before, scale_after=after)
+        self._updated(scaler, before, after, explicit)
+
+    def _updated(self, scaler, before: float | None, after: float | None, explicit: bool) -> None:
+        """What scaler.update() changes in the protocol state (both paths)."""
         self.update_mark[id(scaler)] = self.steps
         self.scaler_stepped_since_update[id(scaler)] = False
         for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
@@ -466,7 +494,9 @@ class Recorder:
         self.step_unit = "optimizer"
 
     def on_optimizer_pre(self, optimizer) -> None:
-        self._note_optimizer(optimizer)
+        known = self._known_optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
+            self._note_optimizer(optimizer)
         if self.in_scaler_step:
             frame = self.in_scaler_step[-1]
             frame["ran"] = True
@@ -560,9 +590,19 @@ class Recorder:
         if not self.steady_after:
             return
         entry = self.timeline[-1]
-        prev = self.timeline[-2] if len(self.timeline) > 1 else None
-        window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
-        window.append((entry["dropped_events"], self._autocast_enters))
+        counts = (entry["dropped_events"], self._autocast_enters)
+        calls, self._calls = self._calls, []
+        period = max(1, min(len(self._known_optimizers), 4))
+        # every event of the window was the template's (the loss scale's values aside), in order
+        on_template = (self.fast and self._tpl[self._pos] is _TEMPLATE_END and period == 1
+                       and counts == self._tpl_window[-1])
+        if on_template:
+            window = self._tpl_window
+            self.fast_steps += 1
+        else:
+            prev = self.timeline[-2] if len(self.timeline) > 1 else None
+            window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
+            window.append(counts)
         self._trailing_from = len(entry["events"])
         self._autocast_enters = 0
         last = self.series[-1] if self.series else None
@@ -570,14 +610,23 @@ class Recorder:
         clean = (not rec["skipped"] and type(rec["loss"]) is float and math.isfinite(rec["loss"])
                  and (last is None or scale == last["scale"]
                       or scale is not None and last["scale"] is not None and scale > last["scale"]))
-        period = max(1, min(len(self._known_optimizers), 4))
         windows = self._windows
-        same = len(windows) >= period and _same_pattern(windows[-period], window)
+        same = on_template or len(windows) >= period and _same_pattern(windows[-period], window)
         windows.append(window)
         if len(windows) > 4:
             del windows[0]
         self._steady_run = 0 if not clean else self._steady_run + 1 if same else 1
         self.steady = self._steady_run >= self.steady_after
+        self._pos = 0
+        # the next window may follow this one (its template) when steady with one optimizer, every
+        # event of this one is in `calls` (none dropped, none taken from a template), and the
+        # timeline has room for all of the next window's events (its first ones join this step's)
+        if self.steady and period == 1 and (on_template or len(calls) == len(window) - 1 and not counts[0]):
+            if not on_template:
+                self._tpl, self._tpl_window = calls + [_TEMPLATE_END], window
+            self.fast = len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
+        else:
+            self.fast = False
 
     def recording_steady(self) -> bool:
         """The step being recorded began in steady state (between steps: the next one will)."""
@@ -588,6 +637,7 @@ class Recorder:
         what is armed later in it); steady state needs STEADY_AFTER clean equal steps again."""
         self.steady = False
         self._steady_run = 0
+        self.fast = False
 
     def peek_loss(self) -> float | None:
         """The latest (unscaled) loss of this step as a float, without closing the step."""
@@ -612,7 +662,8 @@ class Recorder:
     def scale_of(self, scaler) -> float | None:
         """A GradScaler's current scale as a float (None when disabled): read from the device once
         per value (the scale tensor's version counter tells when update() changed it)."""
-        if not _scaler_enabled(scaler):
+        if not (getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED
+                or _scaler_enabled(scaler)):  # _scaler_enabled's usual answer without its call (~3 a step)
             return None
         try:
             t = scaler._scale
@@ -647,26 +698,33 @@ class Recorder:
     # -- other calls -------------------------------------------------------------------------
     def on_clip(self, kind: str, params: list) -> None:
         ev = self.event(kind)
-        if not self.scaled_pending:
-            return
-        # every step, so per parameter only in C (map, set): usually unscale_ reached them all
-        unscaled: set[int] = set()
-        for opt in self.unscaled_optimizers:
-            for group in getattr(opt, "param_groups", ()):
-                unscaled.update(map(id, group.get("params", ())))
-        if unscaled.issuperset(map(id, params)):
-            return
-        still = [p for p in params if id(p) not in unscaled and isinstance(p, torch.Tensor) and p.grad is not None]
+        still = self._still_scaled(params)
         if still:
             with_grad = [p for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
             self.violation("AMP101", ev, f"{kind} runs on gradients still multiplied by the loss scale "
                            f"({len(still)} of {len(with_grad)} parameters not unscaled): the clip threshold "
                            "is effectively divided by the scale", scaled_params=len(still))
 
+    def _still_scaled(self, params: list) -> list:
+        """The clipped parameters whose gradients a scaled backward made and no unscale_ reached."""
+        if not self.scaled_pending:
+            return []
+        # every step, so per parameter only in C (map, set): usually unscale_ reached them all
+        unscaled: set[int] = set()
+        for opt in self.unscaled_optimizers:
+            for group in getattr(opt, "param_groups", ()):
+                unscaled.update(map(id, group.get("params", ())))
+        if unscaled.issuperset(map(id, params)):
+            return []
+        return [p for p in params if id(p) not in unscaled and isinstance(p, torch.Tensor) and p.grad is not None]
+
     def on_scheduler_step(self, scheduler) -> None:
         if self.in_scheduler_init:
             return
-        ev = self.event("scheduler.step", scheduler=type(scheduler).__name__)
+        self._scheduler_stepped(scheduler, self.event("scheduler.step", scheduler=type(scheduler).__name__))
+
+    def _scheduler_stepped(self, scheduler, ev: dict) -> None:
+        """The scheduler's step in the protocol state, and AMP107 (both paths)."""
         # AMP107 is about a per-iteration schedule; a per-epoch one (many steps between its calls)
         # barely moves when one step of the epoch was skipped
         since = self.steps - self.steps_at_scheduler.get(id(scheduler), 0)
@@ -694,6 +752,125 @@ class Recorder:
         for p in module.parameters():
             if p.dtype in HALF:
                 self.half_at[id(p)] = where
+
+    # -- the steady fast path ----------------------------------------------------------------
+    # On a steady step whose calls so far were the template step's, a wrapper whose call is the
+    # template's next one (`t`, self._tpl[self._pos]), made from the same code object and
+    # instruction (so the same file, line and function the full event() would find), runs one of
+    # these instead of its `on_*` method: the same protocol state changes, the template's event
+    # copied, no stack walk. Each first checks that the full method would record no violation and
+    # change nothing else; if anything differs it returns False having changed nothing, and the
+    # full method runs (the window leaves the fast path when its event is not the template's).
+    # Exact by construction: tests/test_trace_steady.py plants a deviation at every call of a
+    # steady step and compares the violations and the timeline with --no-steady's.
+    def _fast_event(self, t: tuple) -> dict:
+        """event() for a call that matched the template record `t`: a copy of its event (the
+        window was judged to have room for all of them). Not logged in `_calls`: a window that
+        leaves the fast path is not a template."""
+        ev = dict(t[3])
+        self._pos += 1
+        if self.open_next and t[0] not in TRAILING:
+            self.open_next = False
+            self.timeline.append(self._new_step(self.steps))
+        self.timeline[-1]["events"].append(ev)
+        return ev
+
+    def _usual(self, scaler, optimizer) -> bool:
+        """An enabled GradScaler with torch's own is_enabled(), and an optimizer _note_optimizer
+        knows already (it would return at once)."""
+        known = self._known_optimizers.get(id(optimizer))
+        return (known is not None and known() is optimizer and self.device_seen is not None
+                and getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED)
+
+    def fast_autocast_enter(self, caller, ac) -> bool:
+        t = self._tpl[self._pos]
+        if t[0] != "autocast" or caller.f_code is not t[1] or caller.f_lasti != t[2] or self.muted \
+                or len(self.timeline[-1]["events"]) >= 8:  # beyond 8 no event is made: nothing to match
+            return False
+        ev = t[3]
+        dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
+        enabled = bool(getattr(ac, "_enabled", True))
+        dev = getattr(ac, "device", "?")
+        if ev["device"] != dev or ev["dtype"] != dtype or ev["enabled"] is not enabled:
+            return False
+        # entered by the user's `with` (its caller is a user frame): not a framework's region
+        self.autocast_stack.append((dev, dtype, enabled, False))
+        self._autocast_enters += 1
+        self._count_autocast(dev, dtype, enabled)
+        if enabled and dtype == "float16":
+            self.fp16_autocast_since_step = True
+        self._fast_event(t)
+        return True
+
+    def fast_backward(self, caller, tensor) -> bool:
+        """A scaled loss's backward(), outside autocast, in a loop with an optimizer."""
+        t = self._tpl[self._pos]
+        if t[0] != "backward" or caller.f_code is not t[1] or caller.f_lasti != t[2] or not t[3]["scaled"] \
+                or self.muted or self.stop_pending or not self.created_at or _any_autocast():  # AMP104
+            return False
+        entry = self.scaled_outputs.get(id(tensor))
+        scaler = entry[1]() if entry is not None and entry[0]() is tensor else None
+        if getattr(scaler, "_enabled", None) is not True or type(scaler).is_enabled is not _IS_ENABLED:
+            return False
+        if self.before_backward is not None:
+            self.before_backward(self)
+        self.backwards.append({"ev": self._fast_event(t), "scaled": True, "fp16": self.fp16_autocast_since_step})
+        self.scaled_pending = True
+        self.unscaled_optimizers = []
+        return True
+
+    def fast_unscale(self, caller, scaler, optimizer) -> bool:
+        t = self._tpl[self._pos]
+        if t[0] != "scaler.unscale_" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
+                or not self._usual(scaler, optimizer):
+            return False
+        key = (id(scaler), id(optimizer))
+        if key in self.scaler_stage or self.backwards and not _any_scaled(self.backwards):  # AMP112/113/115
+            return False
+        self._fast_event(t)
+        self.scaler_stage[key] = "unscaled"
+        self.unscaled_optimizers.append(optimizer)
+        return True
+
+    def fast_clip(self, caller, kind: str, params: list) -> bool:
+        t = self._tpl[self._pos]
+        if t[0] != kind or caller.f_code is not t[1] or caller.f_lasti != t[2] or self._still_scaled(params):  # AMP101
+            return False
+        self._fast_event(t)
+        return True
+
+    def fast_scaler_step_enter(self, caller, scaler, optimizer) -> dict | None:
+        t = self._tpl[self._pos]
+        if t[0] != "scaler.step" or caller.f_code is not t[1] or caller.f_lasti != t[2] or self.stop_pending \
+                or not self._usual(scaler, optimizer) or self.scaler_step_where is None:
+            return None
+        if self.scaler_stage.get((id(scaler), id(optimizer))) == "stepped" or _any_autocast() \
+                or self.backwards and not _any_scaled(self.backwards):  # AMP113, AMP105, AMP115
+            return None
+        if self.before_update is not None:
+            self.before_update(self, optimizer)
+        frame = {"scaler": scaler, "optimizer": optimizer, "ran": False, "ev": self._fast_event(t), "enabled": True}
+        self.in_scaler_step.append(frame)
+        return frame
+
+    def fast_scaler_update(self, caller, scaler, before, after, explicit: bool) -> bool:
+        t = self._tpl[self._pos]
+        if t[0] != "scaler.update" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
+                or "scale_before" not in t[3]:  # AMP109's event, without the values, is another call
+            return False
+        ev = self._fast_event(t)
+        ev["scale_before"], ev["scale_after"] = before, after
+        self._updated(scaler, before, after, explicit)
+        return True
+
+    def fast_scheduler_step(self, caller, scheduler) -> bool:
+        t = self._tpl[self._pos]
+        if t[0] != "scheduler.step" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
+                or self.in_scheduler_init or self.last_step_skipped \
+                or t[3]["scheduler"] != type(scheduler).__name__:  # AMP107 is the full path's
+            return False
+        self._scheduler_stepped(scheduler, self._fast_event(t))
+        return True
 
 
 def _same_pattern(a: list, b: list) -> bool:

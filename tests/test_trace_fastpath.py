@@ -1,0 +1,198 @@
+"""trace's steady fast path: on a steady step each wrapped call that is the template step's next
+one, from the same place, copies the template's event instead of running its `on_*` method. It
+must be exact: a deviation planted at every position of a steady step (an extra call, a missing
+one, the same call from another line, autocast switched on around it, a skipped step) gives the
+violations, timeline and step series that --no-steady gives (the timeline's "instruments" marker
+aside). In process and on a tiny model: each run is a few milliseconds."""
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from troubleshooter.trace.numerics import Numerics
+from troubleshooter.trace.patches import install
+from troubleshooter.trace.recorder import STEADY_AFTER, Recorder
+
+CALLS = ("forward", "backward", "unscale", "clip", "step", "update", "sched", "zero_grad")
+DEVIATE_AT = 6  # a steady step: steps 0-2 set the pattern, 3 is the third equal one, 4 on are steady
+STEPS = 9
+
+
+def _extra(what: str, model, opt, scaler, sched, x) -> None:
+    """A call the steady steps do not make."""
+    if what == "unscale":
+        scaler.unscale_(opt)
+    elif what == "clip":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    elif what == "backward":  # an unscaled backward
+        ((model(x) ** 2).mean()).backward()
+    elif what == "opt_step":
+        opt.step()
+    elif what == "sched":
+        sched.step()
+    elif what == "update":
+        scaler.update()
+    elif what == "save":
+        torch.save({"optimizer": opt.state_dict()}, io.BytesIO())
+
+
+def _loop(deviation: tuple) -> None:
+    """A scaled loop; at DEVIATE_AT, `deviation` is (kind, position, what): before the call at
+    `position`, an extra call `what` ("extra"), that call left out ("skip") or made from another
+    line ("moved": another line, so another event), the call inside an enabled bfloat16 autocast
+    region ("autocast", or "silent autocast": switched on without a `with`), the same call on an
+    unscaled loss or gradient ("unscaled"), or a non-finite loss GradScaler skips ("inf")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.ones(2, 3), torch.zeros(2, 1)
+    outside = nn.Parameter(torch.ones(2))  # a parameter no optimizer holds, its gradient never unscaled
+    kind, position, what = deviation
+    for step in range(STEPS):
+        here = step == DEVIATE_AT
+        plan = {name: "as usual" for name in CALLS}
+        if here:
+            plan[CALLS[position]] = kind
+        loss = None
+        for name in CALLS:
+            if plan[name] == "extra":
+                try:  # what torch itself refuses (an update with no step) is the script's business
+                    _extra(what, model, opt, scaler, sched, x)
+                except (AssertionError, RuntimeError):
+                    pass
+            if plan[name] == "skip":
+                continue
+            try:  # after a deviation torch may refuse a call (unscale_ twice): the script's business
+                ac = torch.autocast("cpu", dtype=torch.bfloat16) if plan[name] == "autocast" else contextlib.nullcontext()
+                if plan[name] == "silent autocast":  # switched on without a `with`: no event says so
+                    torch.set_autocast_enabled("cpu", True)
+                moved = plan[name] == "moved"
+                with ac:
+                    if name == "forward":
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+                            loss = ((model(x) - y) ** 2).mean()
+                        if here and kind == "inf":
+                            loss = loss * float("inf")
+                    elif name == "backward":
+                        if moved:
+                            scaler.scale(loss).backward()
+                        else:  # the same place, the loss unscaled when planted
+                            (loss if plan[name] == "unscaled" else scaler.scale(loss)).backward()
+                    elif name == "unscale":
+                        if moved:
+                            scaler.unscale_(opt)
+                        else:
+                            scaler.unscale_(opt)
+                    elif name == "clip":
+                        params = list(model.parameters())
+                        if plan[name] == "unscaled":  # the same place, a gradient no unscale_ reached
+                            outside.grad = torch.ones(2)
+                            params.append(outside)
+                        if moved:
+                            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+                        else:
+                            torch.nn.utils.clip_grad_norm_(params, 1e9)
+                    elif name == "step":
+                        if moved:
+                            scaler.step(opt)
+                        else:
+                            scaler.step(opt)
+                    elif name == "update":
+                        if moved:
+                            scaler.update()
+                        else:
+                            scaler.update()
+                    elif name == "sched":
+                        if moved:
+                            sched.step()
+                        else:
+                            sched.step()
+                    elif moved:
+                        opt.zero_grad()
+                    else:
+                        opt.zero_grad()
+            except (AssertionError, RuntimeError, ValueError):
+                pass
+            finally:
+                torch.set_autocast_enabled("cpu", False)
+
+
+def _traced(deviation: tuple, steady_after: int) -> Recorder:
+    rec = Recorder(steps=100, steady_after=steady_after)
+    num = Numerics(rec, nan=False, headroom=False)
+    rec.on_step = num.on_step
+    installed = install(rec)
+    try:
+        _loop(deviation)
+    finally:
+        installed.remove()
+        num.close()
+    return rec
+
+
+def _seen(rec: Recorder) -> tuple:
+    timeline = [{k: v for k, v in entry.items() if k != "instruments"} for entry in rec.timeline]
+    series = [{k: v for k, v in s.items() if k not in ("steady", "scaler")} for s in rec.series]  # scaler: its id()
+    return rec.violations, timeline, series, rec.steps
+
+
+DEVIATIONS = [("extra", position, what) for position in range(len(CALLS))
+              for what in ("unscale", "clip", "backward", "opt_step", "sched", "update", "save")]
+DEVIATIONS += [(kind, position, None) for kind in ("skip", "moved", "autocast", "silent autocast")
+               for position in range(len(CALLS))]
+DEVIATIONS += [("unscaled", CALLS.index("backward"), None), ("unscaled", CALLS.index("clip"), None)]
+DEVIATIONS += [("inf", 0, None), ("none", 0, None)]
+
+
+@pytest.mark.parametrize("deviation", DEVIATIONS, ids=lambda d: "-".join(map(str, d)))
+def test_a_deviation_anywhere_in_a_steady_step_is_recorded_as_without_steady_state(deviation):
+    fast = _traced(deviation, STEADY_AFTER)
+    full = _traced(deviation, 0)
+    assert fast.fast_steps > 0  # the fast path ran (before the deviation at least)
+    assert _seen(fast) == _seen(full)
+
+
+def test_the_fast_path_covers_a_steady_step_and_leaves_it_at_a_deviation():
+    clean = _traced(("none", 0, None), STEADY_AFTER)
+    # steps 4-8 are steady; every window from the one after step 3's close follows the template
+    assert clean.fast_steps == STEPS - STEADY_AFTER - 1
+    moved = _traced(("moved", CALLS.index("unscale"), None), STEADY_AFTER)
+    assert moved.fast_steps < clean.fast_steps
+    assert not _traced(("none", 0, None), 0).fast_steps
+
+
+def test_the_forward_post_hook_stands_down_while_steady_and_comes_back_last():
+    rec = Recorder(steps=100, steady_after=STEADY_AFTER)
+    num = Numerics(rec, nan=False, headroom=False)
+    rec.on_step = num.on_step
+    installed = install(rec)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.ones(2, 3)
+
+    def step():
+        scaler.scale(model(x).pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+    try:
+        step()
+        assert list(model._forward_hooks.values()) == [num._root_post]
+        model.register_forward_hook(lambda *a: None)  # the script's own, registered after ours
+        for _ in range(6):
+            step()
+        assert rec.steady and len(model._forward_hooks) == 1  # ours stood down, the script's stays
+        rec.rearm()  # a deviation
+        step()
+        assert list(model._forward_hooks.values())[-1] == num._root_post  # back, after the script's
+    finally:
+        installed.remove()
+        num.close()
