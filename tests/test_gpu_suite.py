@@ -6,6 +6,7 @@ dry run cannot reach: a failing step or section, the time limit, the app without
 wheels' install, nvidia-smi's output, the capability comparison on a described H100."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -438,3 +439,32 @@ def test_a_precision_one_run_left_untimed_is_a_row_with_the_reason():
     assert pair["missing"] and pair["rel_diff"] is None
     assert pair["not_comparable"] == "run 2: one bf16 step is expected to take about 0.3 s here"
     assert compare(timed, timed)["bf16"]["not_comparable"] is None
+
+
+def test_the_reference_times_what_our_run_was_asked_to_even_when_it_left_bf16_untimed(tmp_path, monkeypatch):
+    """A busy host can leave bf16 untimed in the dry run's 0.2 s budget; the torch.utils.benchmark
+    reference must still time fp32 and bf16 (a reference of fp32 alone failed the step with
+    `max() arg is an empty sequence`) and our inconclusive verdict is judged, not an error."""
+    runner, speed, sizes = _bench("gpusuite.runner"), _bench("gpusuite.speed"), _bench("gpusuite.sizes")
+    repeat, ref_mod = _bench("speedup_repeatability"), _bench("speedup_vs_utils_benchmark")
+    untimed = {"results": {"fp32": {"median_ms": 1.0, "spread": 0.01, "speedup_vs_fp32": 1.0}},
+               "skipped": {"bf16": "one bf16 step is expected to take about 0.3 s here"},
+               "verdict": {"level": "inconclusive", "best_precision": None, "speedup": None, "recommendation": "r"},
+               "settings": {"rounds": 0, "elapsed_s": 0.2, "time_spent_s": None}}
+    asked = []
+
+    def reference(workload, precisions, min_run_s, device):
+        asked.append(list(precisions))
+        return {p: {"median_ms": 1.0, "spread": 0.01, "speedup": 1.0 if p == "fp32" else 1.5} for p in precisions}
+
+    monkeypatch.setattr(repeat, "run_twice", lambda *a, **k: [untimed, untimed])
+    monkeypatch.setattr(ref_mod, "reference", reference)
+    monkeypatch.setattr(speed, "_fresh_process_speedup", lambda ctx, res: None)
+    monkeypatch.setattr(speed, "_slim", lambda run: run)
+    one = dataclasses.replace(sizes.DRY_RUN, speedup_models=(("tiny", sizes.TINY_GPT, 0.2),))
+    ctx = runner.Context(mode="cpu dry run", device="cpu", sizes=one, out_dir=tmp_path, packages={}, results={})
+    res = runner.SectionResult("speedup", "Speedup", "cpu dry run")
+    speed.run_speedup(ctx, res)
+    assert asked == [["fp32", "bf16"]]
+    assert [s["status"] for s in res.steps] == ["ok", "ok"], res.steps
+    assert _table(res.to_dict(), "torch.utils.benchmark")["rows"][0][-1] == "ok: inconclusive"
