@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import json
 import sys
 import tokenize
-from contextlib import contextmanager
 
 from ..errors import UserError
+from ..heap import collector_paused
 
 # lint/output.py's FORMATS, named here so building the parser imports no linter code
 FORMAT_NAMES = ("text", "full", "concise", "json", "json-lines", "github", "gitlab", "junit", "sarif")
@@ -103,7 +102,10 @@ def _lint(paths: list[str], config, args: argparse.Namespace, cached: bool = Tru
 
 
 def run(args: argparse.Namespace) -> int:
-    with _collector_off():  # reading settings imports the linter
+    # the collector off from the imports to the printed report, as while linting: the ~100 linter
+    # modules' imports leave nothing it needs to find (2-4 ms of a ~90 ms start-up); --fix, --diff
+    # and --add-noqa rewrite with it on
+    with collector_paused():  # reading settings imports the linter
         config = _settings(args)
         paths = _paths(args)
         if not (args.fix or args.diff or args.add_noqa):
@@ -111,20 +113,6 @@ def run(args: argparse.Namespace) -> int:
             _print(report, args)
             return _exit(report, args)
     return _rewrite(args, config, paths)
-
-
-@contextmanager
-def _collector_off():
-    """The cycle collector off from the imports to the printed report, as it already is while linting
-    (lint/runner.py): the ~100 linter modules' imports leave nothing it needs to find, and its passes
-    over them cost ~2-4 ms of a ~90 ms start-up. --fix/--diff/--add-noqa rewrite with it on."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _print(report, args: argparse.Namespace) -> None:
