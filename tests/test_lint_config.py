@@ -138,3 +138,25 @@ def test_exclude_drops_findings_and_read_errors_of_matching_files(project, capsy
 def test_comma_string_is_accepted_like_the_cli(project):
     write_config(project, 'select = "AMP101, AMP11"\n')
     assert load_config().select == ["AMP101", "AMP11"]
+
+
+@pytest.mark.parametrize("header", ['[tool."amp\\u002Dtroubleshooter"]', "[tool.'amp-troubleshooter']",
+                                    '[tool]\n"amp-troubleshooter" = { ignore = ["AMP117"] }\n#'])
+def test_a_table_spelled_another_way_is_still_found(project, capsys, header):
+    """A pyproject.toml whose bytes cannot spell our table is not parsed (no TOML parser on a small
+    lint's start-up); a quoted key, a literal key or an escape still finds it."""
+    (project / "pyproject.toml").write_text('[project]\nname = "demo"\n\n' + header + '\nignore = ["AMP117"]\n')
+    assert find_pyproject(project) == project / "pyproject.toml"
+    assert main(["lint", "loss.py"]) == 0 and "AMP117" not in capsys.readouterr().out
+
+
+def test_a_pyproject_without_our_table_is_not_parsed(project):
+    import subprocess
+    import sys
+
+    (project / "pyproject.toml").write_text('[project]\nname = "demo"\n\n[tool.ruff]\nline-length = 100\n')
+    code = ("import sys\nfrom troubleshooter.cli import main\nmain(['lint', '--no-cache', 'loss.py'])\n"
+            "print(sorted(m for m in sys.modules if m in ('tomllib', 'tomli')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr
