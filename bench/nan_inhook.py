@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from nan_overhead import load_baseline  # noqa: E402
 
-from troubleshooter.engine.nanhooks import HookSet  # noqa: E402
+from troubleshooter.engine.nanhooks import HOOK_ENTRY_POINTS, HookSet  # noqa: E402
 from troubleshooter.spec import SpecSource, load_workload  # noqa: E402
 
 # the entry points the hooks are called through (trace/numerics.py times the same), and collect
-ENTRY_POINTS = ("_pre", "_leaf_post", "_post", "_node_grad", "_param_grad", "collect")
+ENTRY_POINTS = (*HOOK_ENTRY_POINTS, "collect")
 
 
 def timed(base: type, spent: list[int]) -> type:

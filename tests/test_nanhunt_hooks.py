@@ -289,3 +289,16 @@ def test_an_infinite_weight_gradient_from_finite_values_is_found_with_its_sign(s
     b = rep.backward
     assert b["grad_of"] == "parameter" and b["parameter"] in ("0.weight", "1.weight")
     assert b["value"] == ("inf" if sign > 0 else "-inf")
+
+
+def test_every_method_registered_as_a_hook_is_a_named_entry_point():
+    """Who times the hooks (the trace's stated own cost, bench/nan_inhook.py) wraps the methods in
+    HOOK_ENTRY_POINTS; one registered but not listed would run untimed (`_out_grad` was)."""
+    import inspect
+    import re
+
+    from troubleshooter.engine import nanhooks
+
+    registered = {name for line in inspect.getsource(nanhooks).splitlines() if "hook" in line  # register_*hook(...)
+                  for name in re.findall(r"partial\(self\.(_\w+)", line)}
+    assert registered and registered <= set(nanhooks.HOOK_ENTRY_POINTS), registered - set(nanhooks.HOOK_ENTRY_POINTS)

@@ -297,6 +297,11 @@ class StepReport:
                 f"n_calls={self.n_calls}, n_grads={self.n_grads}, autocast={self.autocast!r})")
 
 
+# The methods torch calls the hooks through: who times the hooks (the trace's stated own cost,
+# bench/nan_inhook.py) wraps these, so a new entry point must be listed here or its time goes uncounted.
+HOOK_ENTRY_POINTS = ("_pre", "_leaf_post", "_post", "_node_grad", "_param_grad", "_out_grad")
+
+
 class HookSet:
     """Hooks on a module tree recording cheap on-device min/max; `collect()` analyses a step."""
 

@@ -118,24 +118,26 @@ def _read(path: Path) -> dict:
         raise UserError(f"{path} is not valid TOML: it nests too deeply") from None
 
 
+def _head(path: Path) -> bytes | None:
+    """The file's bytes up to the reader's limit (one more, so an oversized file still says so);
+    None when it cannot be opened."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(MAX_PYPROJECT_BYTES + 1)
+    except OSError:
+        return None
+
+
 def _may_name_our_table(path: Path) -> bool:
     """False only when the file cannot hold our table: its bytes spell neither the name nor a TOML
     \\u/\\U escape (the one way a quoted key can hide it). Most projects' pyproject.toml is then
     not parsed at all (~4 ms of a small lint's start-up, with the TOML parser's import)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_PYPROJECT_BYTES + 1)
-    except OSError:
-        return True  # let the reader say why it cannot be read
-    return TABLE.encode() in raw or b"\\u" in raw or b"\\U" in raw
+    raw = _head(path)
+    return raw is None or TABLE.encode() in raw or b"\\u" in raw or b"\\U" in raw  # unreadable: `_read` says why
 
 
 def _names_our_table(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return TABLE.encode() in fh.read(MAX_PYPROJECT_BYTES)
-    except OSError:
-        return False
+    return TABLE.encode() in (_head(path) or b"")[:MAX_PYPROJECT_BYTES]
 
 
 def _our_table(data: dict):

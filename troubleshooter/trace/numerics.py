@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..engine.hook_registry import ours, remove
-from ..engine.nanhooks import HookSet, _tensors, number
+from ..engine.nanhooks import HOOK_ENTRY_POINTS, HookSet, _tensors, number
 from ..engine.nanhunt import blamed_module, made_by
 from .locate import is_user_file
 from .outside import OutsideOps
@@ -95,7 +95,7 @@ def _timed(method):
     return timed
 
 
-for _name in ("_pre", "_leaf_post", "_post", "_node_grad", "_param_grad"):  # the hooks registered
+for _name in HOOK_ENTRY_POINTS:  # the hooks registered
     setattr(_TimedHookSet, _name, _timed(getattr(HookSet, _name)))
 
 
