@@ -73,7 +73,9 @@ def _capped(data: bytes, limit: int, what: str) -> bytes:
     return data
 
 
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# One string literal, written "unrolled" (a run of plain characters, then escape + run, ...): the
+# same strings as `"(?:[^"\\]|\\.)*"`, matched about 7x faster, which a 270 KB notebook feels.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
