@@ -202,3 +202,22 @@ def test_hook_sets_alive_together_never_share_a_buffer_and_a_detached_ones_is_re
         assert {id(kept[0]) for kept in c._results.values()} <= buffers  # handed back, taken again
     finally:
         c.detach()
+
+
+@pytest.mark.parametrize("numel", [64, 40000])  # `aminmax`, and `amin` + `amax` (float32 CPU >= 32 K)
+def test_a_zero_extreme_is_reported_as_zero_whatever_the_kernel_and_the_sign_of_its_zeros(numel):
+    """Which signed zero a min/max kernel returns depends on the kernel and on where the -0.0s
+    lie (issue 28: the split into amin/amax changed it); the per-call summary reports 0.0."""
+    model = nn.Sequential(Scale(torch.float32), Scale(torch.float32))
+    zeros = torch.zeros(numel)
+    zeros[::2] = -0.0  # -0.0 and 0.0 interleaved: the vectorised loop and the tail disagree
+    hooks = HookSet(model).attach()
+    try:
+        for x in (zeros, -zeros, torch.full((numel,), -0.0)):
+            model(x)
+            calls = hooks.collect().calls
+            for call in calls:
+                assert (call["min"], call["max"]) == (0.0, 0.0) and str(call["min"]) == str(call["max"]) == "0.0"
+                assert call["constant"] and call["finite"]
+    finally:
+        hooks.detach()

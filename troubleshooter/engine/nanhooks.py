@@ -761,10 +761,13 @@ class HookSet:
                       hi: list[float]) -> list[dict]:
         """Per call: module, whether its outputs are finite, their max |x|, and their smallest and
         largest value (a collapse check compares them across precisions: all zeros in float16
-        where float32 varies)."""
+        where float32 varies). A zero extreme is reported as 0.0: which signed zero `aminmax` or
+        `amin`/`amax` returns depends on the kernel and on where the -0.0s lie (in float16, an
+        underflowed negative value), so "-0.0" would be noise in the report (+ 0.0)."""
         return [{"module": self._names[c.module], "finite": all(finite[s] for s in c.outs),
                  "max_abs": max((max_abs[s] for s in c.outs), default=0.0),
-                 "min": min((lo[s] for s in c.outs), default=0.0), "max": max((hi[s] for s in c.outs), default=0.0),
+                 "min": min((lo[s] for s in c.outs), default=0.0) + 0.0,
+                 "max": max((hi[s] for s in c.outs), default=0.0) + 0.0,
                  "constant": bool(c.outs) and all(lo[s] == hi[s] for s in c.outs)} for c in step.calls]
 
     def _describe(self, call: _Call) -> dict:
