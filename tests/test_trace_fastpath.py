@@ -3,7 +3,8 @@ one, from the same place, copies the template's event instead of running its `on
 must be exact: a deviation planted at every position of a steady step (an extra call, a missing
 one, the same call from another line, autocast switched on around it, a skipped step) gives the
 violations, timeline and step series that --no-steady gives (the timeline's "instruments" marker
-aside). In process and on a tiny model: each run is a few milliseconds."""
+aside), and the same report of the autocast regions entered (their counts and steps). In process
+and on a tiny model: each run is a few milliseconds."""
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +46,9 @@ def _loop(deviation: tuple) -> None:
     `position`, an extra call `what` ("extra"), that call left out ("skip") or made from another
     line ("moved": another line, so another event), the call inside an enabled bfloat16 autocast
     region ("autocast", or "silent autocast": switched on without a `with`), the same call on an
-    unscaled loss or gradient ("unscaled"), or a non-finite loss GradScaler skips ("inf")."""
+    unscaled loss or gradient ("unscaled"), a non-finite loss GradScaler skips ("inf"), or the
+    script stopping there ("stop": the events of the calls matched so far, appended only at a
+    step's close on the fast path, must be in the timeline all the same)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -61,6 +64,8 @@ def _loop(deviation: tuple) -> None:
             plan[CALLS[position]] = kind
         loss = None
         for name in CALLS:
+            if plan[name] == "stop":
+                return
             if plan[name] == "extra":
                 try:  # what torch itself refuses (an update with no step) is the script's business
                     _extra(what, model, opt, scaler, sched, x)
@@ -139,7 +144,7 @@ def _traced(deviation: tuple, steady_after: int) -> Recorder:
 def _seen(rec: Recorder) -> tuple:
     timeline = [{k: v for k, v in entry.items() if k != "instruments"} for entry in rec.timeline]
     series = [{k: v for k, v in s.items() if k not in ("steady", "scaler")} for s in rec.series]  # scaler: its id()
-    return rec.violations, timeline, series, rec.steps
+    return rec.violations, timeline, series, rec.steps, rec.precision_seen()  # autocast regions: counts, steps
 
 
 DEVIATIONS = [("extra", position, what) for position in range(len(CALLS))
@@ -148,6 +153,7 @@ DEVIATIONS += [(kind, position, None) for kind in ("skip", "moved", "autocast", 
                for position in range(len(CALLS))]
 DEVIATIONS += [("unscaled", CALLS.index("backward"), None), ("unscaled", CALLS.index("clip"), None)]
 DEVIATIONS += [("inf", 0, None), ("none", 0, None)]
+DEVIATIONS += [("stop", position, None) for position in range(len(CALLS))]
 
 
 @pytest.mark.parametrize("deviation", DEVIATIONS, ids=lambda d: "-".join(map(str, d)))
@@ -165,6 +171,19 @@ def test_the_fast_path_covers_a_steady_step_and_leaves_it_at_a_deviation():
     moved = _traced(("moved", CALLS.index("unscale"), None), STEADY_AFTER)
     assert moved.fast_steps < clean.fast_steps
     assert not _traced(("none", 0, None), 0).fast_steps
+
+
+def test_the_tracers_own_time_is_sampled_on_steady_steps_and_said_so():
+    from troubleshooter.trace.report import overhead_line
+
+    clean = _traced(("none", 0, None), STEADY_AFTER)
+    cost = clean.overhead()
+    # the first template-following window is timed (the sample), the next ones are given its time
+    assert 0 < clean.sampled_steps < clean.fast_steps and cost["steps_sampled"] == clean.sampled_steps
+    assert cost["per_step_ms"] > 0 and cost["total_s"] > 0
+    assert f"{clean.sampled_steps} of them steady steps given a sampled steady step's time" in overhead_line(
+        {"overhead": cost})
+    assert _traced(("none", 0, None), 0).overhead()["steps_sampled"] == 0  # --no-steady: every step timed
 
 
 def test_the_forward_post_hook_stands_down_while_steady_and_comes_back_last():

@@ -195,14 +195,17 @@ class Numerics:
         self._root_model = None
 
     def _root_pre(self, module, args, kwargs):
-        started = perf_counter()
-        self.outside.disarm()
+        rec, outside = self.rec, self.outside
+        started = perf_counter() if rec.timing else 0.0
+        if outside.armed or outside._pushed:  # else disarm() has nothing to do
+            outside.disarm()
         if self._keeping_inputs:
             self._keep_inputs(module, args, kwargs)
-        if not self.rec.muted:  # a re-run's time is counted by the call that made it
-            if self.rec.steady is (len(self._root_hooks) == 2) and self.hooks is None:
+        if not rec.muted:  # a re-run's time is counted by the call that made it
+            if rec.steady is (len(self._root_hooks) == 2) and self.hooks is None:
                 self._steady_post_hook(module)
-            self.rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
         return None
 
     def _steady_post_hook(self, module) -> None:
@@ -508,7 +511,13 @@ class Numerics:
 
     # -- per step ----------------------------------------------------------------------------
     def on_step(self, rec: Recorder, step: dict) -> None:
-        self.outside.clear()  # the step is done: let its loss tensors go
+        outside = self.outside
+        if outside.records or outside.dropped or outside.kept_elements:
+            outside.clear()  # the step is done: let its loss tensors go
+        loss = step["loss"]
+        if not (self.nan or self.headroom or self.hooks is not None or step["skipped"] or step["step"] == 0) \
+                and type(loss) is float and loss - loss == 0.0 and (rec.model_param_dtypes is not None or self.model is None):
+            return  # plain mode, a finite step, nothing being re-checked: nothing below applies (every step)
         if rec.model_param_dtypes is None and self.model is not None:
             rec.note_model(self.model)
         if not self.nan and step["step"] == 0 and rec.optimizers:

@@ -1,7 +1,8 @@
 """Install the observers: global optimizer and module hooks (public PyTorch APIs) and thin
 wrappers around GradScaler, autocast, gradient clipping, LR schedulers, backward and torch.save.
 Each per-step wrapper adds the time its own bookkeeping took to `rec.own_s` (two clock reads):
-the report's "tracing added about X ms per step".
+the report's "tracing added about X ms per step"; while `rec.timing` is off (steady steps between
+two samples, see Recorder.overhead) only the step's close is timed.
 
 Wrappers patch the base classes in place (`torch.amp.GradScaler`, `torch.amp.autocast`), so every
 alias a script may use (`torch.cuda.amp.GradScaler`, `torch.autocast`, `from torch.cuda.amp import
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
+from sys import _getframe
 from time import perf_counter
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch import nn
 
-from .recorder import Recorder
+from .recorder import _IS_ENABLED, Recorder, _any_autocast, _any_scaled
 
 
 _undo: list = []  # (owner, name, original value) in installation order
@@ -57,14 +58,16 @@ def install(rec: Recorder) -> Installed:
     """Install every observer (hooks and wrappers) reporting to `rec`."""
     start = len(_undo)
     def optimizer_pre(opt, args, kwargs):
-        started = perf_counter()
+        started = perf_counter() if rec.timing else 0.0
         rec.on_optimizer_pre(opt)
-        rec.own_s += perf_counter() - started
+        if started:
+            rec.own_s += perf_counter() - started
 
-    def optimizer_post(opt, args, kwargs):
+    def optimizer_post(opt, args, kwargs):  # the step's close: timed on every step (rec.timing)
         started = perf_counter()
         rec.on_optimizer_post(opt)
-        rec.own_s += perf_counter() - started
+        rec.close_s = perf_counter() - started
+        rec.own_s += rec.close_s
 
     handles = [register_optimizer_step_pre_hook(optimizer_pre), register_optimizer_step_post_hook(optimizer_post)]
     _patch_optimizer_init(rec)
@@ -119,52 +122,91 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
 
     def make_scale(orig):
         def scale(self, outputs):
-            started = perf_counter()
+            started = perf_counter() if rec.timing else 0.0
             if rec.before_scale is not None:
                 rec.before_scale()  # the loss is made: its ops are recorded up to here
-            rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
             out = orig(self, outputs)
-            started = perf_counter()
+            started = perf_counter() if rec.timing else 0.0
             rec.on_scale(self, outputs, out)
-            rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
             return out
         return scale
 
     def make_unscale(orig):
         def unscale_(self, optimizer):
-            started = perf_counter()
-            if not (rec.fast and rec.fast_unscale(sys._getframe(1), self, optimizer)):
-                rec.on_unscale(self, optimizer)
-            rec.own_s += perf_counter() - started
+            started = perf_counter() if rec.timing else 0.0
+            if rec.fast:  # the steady fast path (recorder): the template's next call, from the same place
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.unscale_" \
+                        and rec._usual(self, optimizer):
+                    key, backwards = (id(self), id(optimizer)), rec.backwards
+                    if key not in rec.scaler_stage and (not backwards or _any_scaled(backwards)):  # AMP112/113/115
+                        rec.scaler_stage[key] = "unscaled"
+                        rec.unscaled_optimizers.append(optimizer)
+                        rec._pos += 1
+                        if started:
+                            rec.own_s += perf_counter() - started
+                        return orig(self, optimizer)
+            rec.on_unscale(self, optimizer)
+            if started:
+                rec.own_s += perf_counter() - started
             return orig(self, optimizer)
         return unscale_
 
     def make_step(orig):
         def step(self, optimizer, *args, **kwargs):
-            started = perf_counter()
-            frame = rec.fast and rec.fast_scaler_step_enter(sys._getframe(1), self, optimizer) \
-                or rec.on_scaler_step_enter(self, optimizer)
-            rec.own_s += perf_counter() - started
+            started = perf_counter() if rec.timing else 0.0
+            frame = None
+            if rec.fast:
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.step" \
+                        and not rec.stop_pending and rec.scaler_step_where is not None and rec._usual(self, optimizer) \
+                        and rec.scaler_stage.get((id(self), id(optimizer))) != "stepped" and not _any_autocast() \
+                        and (not rec.backwards or _any_scaled(rec.backwards)):  # AMP113, AMP105, AMP115
+                    if rec.before_update is not None:
+                        rec.before_update(rec, optimizer)
+                    rec._pos += 1
+                    frame = {"scaler": self, "optimizer": optimizer, "ran": False, "ev": t[3], "enabled": True}
+                    rec.in_scaler_step.append(frame)
+            if frame is None:
+                frame = rec.on_scaler_step_enter(self, optimizer)
+            if started:
+                rec.own_s += perf_counter() - started
             try:
                 return orig(self, optimizer, *args, **kwargs)
             finally:
-                started = perf_counter()
+                started = perf_counter() if rec.timing else 0.0
                 rec.on_scaler_step_exit(frame)
-                rec.own_s += perf_counter() - started
+                if started:
+                    rec.own_s += perf_counter() - started
         return step
 
     def make_update(orig):
         def update(self, new_scale=None):
-            started = perf_counter()
+            started = perf_counter() if rec.timing else 0.0
             before = rec.scale_of(self)
             rec.on_scaler_update_pre(self)
-            rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
             out = orig(self, new_scale)
-            started = perf_counter()
+            started = perf_counter() if rec.timing else 0.0
             after = rec.scale_of(self)
-            if not (rec.fast and rec.fast_scaler_update(sys._getframe(1), self, before, after, new_scale is not None)):
-                rec.on_scaler_update(self, before, after, explicit=new_scale is not None)
-            rec.own_s += perf_counter() - started
+            if rec.fast:
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.update" \
+                        and "scale_before" in t[3]:  # AMP109's event, without the values, is another call
+                    rec._fast_vals[rec._pos] = (before, after)
+                    rec._pos += 1
+                    rec._updated(self, before, after, new_scale is not None)
+                    if started:
+                        rec.own_s += perf_counter() - started
+                    return out
+            rec.on_scaler_update(self, before, after, explicit=new_scale is not None)
+            if started:
+                rec.own_s += perf_counter() - started
             return out
         return update
 
@@ -186,18 +228,39 @@ def _patch_autocast(rec: Recorder) -> None:
     def make_enter(orig):
         def __enter__(self):
             out = orig(self)
-            started = perf_counter()
-            if not (rec.fast and rec.fast_autocast_enter(sys._getframe(1), self)):
-                rec.on_autocast_enter(self)
-            rec.own_s += perf_counter() - started
+            started = perf_counter() if rec.timing else 0.0
+            if rec.fast:
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "autocast" and not rec.muted:
+                    # the template's values as autocast holds them (torch's dtypes are singletons)
+                    dev, dtype, enabled, entry, site, fp16 = t[4]
+                    if getattr(self, "fast_dtype", None) is dtype and getattr(self, "device", "?") == dev \
+                            and bool(getattr(self, "_enabled", True)) is enabled:
+                        # the user's `with` (a user frame called it): not a framework's region; the
+                        # template's record had fewer than 8 events before it, so this step's has too
+                        rec.autocast_stack.append(entry)
+                        rec._autocast_enters += 1
+                        site = rec.autocast_sites[site]  # made by the template's own call
+                        site["count"] += 1
+                        site["steps"].add(rec.steps if rec.open_next else rec._timeline[-1]["step"])
+                        if fp16:
+                            rec.fp16_autocast_since_step = True
+                        rec._pos += 1
+                        if started:
+                            rec.own_s += perf_counter() - started
+                        return out
+            rec.on_autocast_enter(self)
+            if started:
+                rec.own_s += perf_counter() - started
             return out
         return __enter__
 
     def make_exit(orig):
         def __exit__(self, *exc):
-            started = perf_counter()
+            started = perf_counter() if rec.timing else 0.0
             rec.on_autocast_exit()
-            rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
             return orig(self, *exc)
         return __exit__
 
@@ -208,20 +271,37 @@ def _patch_autocast(rec: Recorder) -> None:
 def _patch_backward(rec: Recorder) -> None:
     def make_tensor_backward(orig):
         def backward(self, *args, **kwargs):
-            started = perf_counter()
-            fast = rec.fast and rec.fast_backward(sys._getframe(1), self)
+            started = perf_counter() if rec.timing else 0.0
+            fast = False
+            if rec.fast:
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "backward" and t[3]["scaled"] \
+                        and not rec.muted and not rec.stop_pending and rec.created_at and not _any_autocast():  # AMP104
+                    # a scaled loss's backward(), outside autocast, in a loop with an optimizer
+                    entry = rec.scaled_outputs.get(id(self))
+                    scaler = entry[1]() if entry is not None and entry[0]() is self else None
+                    if getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED:
+                        fast = True
+                        if rec.before_backward is not None:
+                            rec.before_backward(rec)
+                        rec.backwards.append({"ev": t[3], "scaled": True, "fp16": rec.fp16_autocast_since_step})
+                        rec.scaled_pending = True
+                        rec.unscaled_optimizers = []
+                        rec._pos += 1
             if not fast:
                 rec.on_backward(self)
-            rec.own_s += perf_counter() - started
+            if started:
+                rec.own_s += perf_counter() - started
             rec.in_tensor_backward = True  # Tensor.backward calls torch.autograd.backward: count once
             try:
                 out = orig(self, *args, **kwargs)
             finally:
                 rec.in_tensor_backward = False
             if not fast:  # the fast path's loop has an optimizer: after_backward() has nothing to do
-                started = perf_counter()
+                started = perf_counter() if rec.timing else 0.0
                 rec.after_backward()
-                rec.own_s += perf_counter() - started
+                if started:
+                    rec.own_s += perf_counter() - started
             return out
         return backward
 
@@ -232,14 +312,16 @@ def _patch_backward(rec: Recorder) -> None:
     def autograd_backward(tensors, *args, **kwargs):
         if rec.in_tensor_backward:
             return original(tensors, *args, **kwargs)
-        started = perf_counter()
+        started = perf_counter() if rec.timing else 0.0
         first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
         rec.on_backward(first)
-        rec.own_s += perf_counter() - started
+        if started:
+            rec.own_s += perf_counter() - started
         out = original(tensors, *args, **kwargs)
-        started = perf_counter()
+        started = perf_counter() if rec.timing else 0.0
         rec.after_backward()
-        rec.own_s += perf_counter() - started
+        if started:
+            rec.own_s += perf_counter() - started
         return out
 
     _set(torch.autograd, "backward", autograd_backward)
@@ -256,11 +338,19 @@ def _patch_clip(rec: Recorder) -> None:
 
         def make(orig, name=name):
             def clip(parameters, *args, **kwargs):
-                started = perf_counter()
+                started = perf_counter() if rec.timing else 0.0
                 params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                if not (rec.fast and rec.fast_clip(sys._getframe(1), name, params)):
-                    rec.on_clip(name, params)
-                rec.own_s += perf_counter() - started
+                if rec.fast:
+                    t, caller = rec._tpl[rec._pos], _getframe(1)
+                    if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == name \
+                            and not (rec.scaled_pending and rec._still_scaled(params)):  # AMP101
+                        rec._pos += 1
+                        if started:
+                            rec.own_s += perf_counter() - started
+                        return orig(params, *args, **kwargs)
+                rec.on_clip(name, params)
+                if started:
+                    rec.own_s += perf_counter() - started
                 return orig(params, *args, **kwargs)
             return functools.wraps(orig)(clip)
 
@@ -275,10 +365,20 @@ def _patch_schedulers(rec: Recorder) -> None:
 
     def make_step(orig):
         def step(self, *args, **kwargs):
-            started = perf_counter()
-            if not (rec.fast and rec.fast_scheduler_step(sys._getframe(1), self)):
-                rec.on_scheduler_step(self)
-            rec.own_s += perf_counter() - started
+            started = perf_counter() if rec.timing else 0.0
+            if rec.fast:
+                t, caller = rec._tpl[rec._pos], _getframe(1)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scheduler.step" \
+                        and not rec.in_scheduler_init and not rec.last_step_skipped \
+                        and t[3]["scheduler"] == type(self).__name__:  # AMP107 is the full path's
+                    rec._pos += 1
+                    rec._scheduler_stepped(self, t[3])
+                    if started:
+                        rec.own_s += perf_counter() - started
+                    return orig(self, *args, **kwargs)
+            rec.on_scheduler_step(self)
+            if started:
+                rec.own_s += perf_counter() - started
             return orig(self, *args, **kwargs)
         return step
 
@@ -311,9 +411,10 @@ def _patch_save(rec: Recorder) -> None:
 
     @functools.wraps(original)
     def save(obj, *args, **kwargs):
-        started = perf_counter()
+        started = perf_counter() if rec.timing else 0.0
         rec.on_save(obj)
-        rec.own_s += perf_counter() - started
+        if started:
+            rec.own_s += perf_counter() - started
         return original(obj, *args, **kwargs)
 
     _set(torch, "save", save)

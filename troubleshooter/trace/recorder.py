@@ -34,9 +34,13 @@ TRAILING = {"scaler.update", "scheduler.step", "torch.save", "scaler.state_dict"
 # window, first-time checks), so three equal windows are two comparisons that agree, and a
 # warm-up effect that lasts two steps (a scale still settling, a lazy init) re-arms before it.
 STEADY_AFTER = 3
+# The tracer's own time on steady steps that follow the template is sampled: one in this many is
+# timed call by call (every wrapper's two clock reads); the others time only the step's close
+# and are given the last sample's time for the rest (Recorder.overhead, docs/trace.md)
+SAMPLE_EVERY = 8
 SCALE_KEYS = ("scale_before", "scale_after")  # values, not pattern: a grown scale is still the same step
 # the steady fast path's template ends with this record: no call matches it
-_TEMPLATE_END = (None, None, -1, None)
+_TEMPLATE_END = (None, None, -1, None, None)
 
 
 class TraceStop(BaseException):
@@ -84,13 +88,21 @@ class Recorder:
         self._calls: list[tuple] = []  # this window's events as (kind, caller code, instruction, event)
         self._tpl: list[tuple] = [_TEMPLATE_END]  # the template window's records, then _TEMPLATE_END
         self._tpl_window: list | None = None  # the template window's pattern (as in self._windows)
+        # its events split where the step's record opens: the previous step's trailing calls
+        # (update, scheduler) first, then the step's own (flush() copies them at the close)
+        self._tpl_head: list[dict] = []
+        self._tpl_tail: list[dict] = []
         self._pos = 0  # the template record the next call must match
+        # the events of the calls matched so far are appended (copied from the template) only at
+        # the step's close, or before anything else reads or extends the timeline: see flush()
+        self._flushed = 0  # the first template record whose event is not in the timeline yet
+        self._fast_vals: dict[int, tuple] = {}  # template index -> scaler.update's (scale_before, scale_after)
         self.fast = False  # this window has matched the template so far: wrappers may take the fast path
         self.fast_steps = 0  # windows whose every event was the template's
         self.on_step = on_step  # numerics: called after every completed step
         self.steps = 0  # optimizer steps completed (scaler-skipped ones included), all optimizers
         self.stop_pending = False
-        self.timeline: list[dict] = [self._new_step(0)]
+        self._timeline: list[dict] = [self._new_step(0)]
         self.violations: list[dict] = []
         self.scalers: "weakref.WeakSet" = weakref.WeakSet()
         self.scaled_outputs: dict[int, tuple] = {}  # id(scaler.scale() output) -> (its weakref, scaler weakref)
@@ -121,6 +133,12 @@ class Recorder:
         # the tracer's own time: every wrapper and hook adds what its bookkeeping took (perf_counter)
         self.own_s = 0.0
         self.step_marks: list[tuple[float, float]] = []  # (perf_counter, own_s) as each step completed
+        self.timing = True  # the wrappers and hooks time their own code (off between samples: SAMPLE_EVERY)
+        self.close_s = 0.0  # the last step close's own time (the optimizer post-hook's, timed on every step)
+        self.sampled_steps = 0  # step intervals whose wrappers were not timed and were given the sample's time
+        self._sample_s: float | None = None  # the last fully timed template-following window's time, its close aside
+        self._interval_untimed = False  # the step being recorded is one of those
+        self._own_at_mark = 0.0  # own_s at the last step's close
         self.on_stop_pending: Callable[[], None] | None = None
         self._reset_iteration()
         self.scaler_stage: dict[tuple[int, int], str] = {}  # (scaler, optimizer) -> unscaled|stepped
@@ -141,6 +159,14 @@ class Recorder:
         self.series: list[dict] = []  # per completed step: skipped, scale, loss
         self._fused_pending: dict[int, list] = {}  # scaler id -> [(series record, its found_inf tensor)] until update()
         self.started = time.monotonic()
+
+    @property
+    def timeline(self) -> list[dict]:
+        """The steps' records with their events: those of the calls the steady fast path matched
+        are appended here (or at the step's close) rather than one by one."""
+        if self._flushed != self._pos:
+            self.flush()
+        return self._timeline
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _new_step(self, index: int) -> dict:
@@ -177,20 +203,24 @@ class Recorder:
             caller = (None, -1)
         path, line, func = where
         ev = {"kind": kind, "path": path, "line": line, "function": func, **data}
+        if self._flushed != self._pos:
+            self.flush()
         if self.open_next and kind not in TRAILING:  # the first call of the next step opens it
             self.open_next = False
-            self.timeline.append(self._new_step(self.steps))
-        cur = self.timeline[-1]
+            self._timeline.append(self._new_step(self.steps))
+        cur = self._timeline[-1]
         if len(cur["events"]) < MAX_EVENTS_PER_STEP:
             cur["events"].append(ev)
             if self.fast:  # a call without a fast path: the window stays on template if its event is the template's
                 if self._tpl[self._pos][3] == ev:
-                    self._pos += 1
+                    self._pos = self._flushed = self._pos + 1
                 else:
                     self.fast = False
+                    self.timing = True
         else:
             cur["dropped_events"] += 1
             self.fast = False
+            self.timing = True
         if self.steady_after and len(self._calls) < 2 * MAX_EVENTS_PER_STEP:  # bounded: a step that never ends
             self._calls.append((kind, caller[0], caller[1], ev))
         return ev
@@ -200,12 +230,16 @@ class Recorder:
         code (wrappers, hooks, step analysis, result snapshots) between two step ends, beside
         the median step (wall time from one step's end to the next, tracing included). Not timed:
         the interpreter's calls into our code and torch's dispatch to it; timed: a garbage
-        collection or a wait for the CPU that falls inside our code (docs/trace.md)."""
+        collection or a wait for the CPU that falls inside our code (docs/trace.md). Sampled: on
+        steady steps that follow the template only one in SAMPLE_EVERY is timed call by call;
+        the others time their close and are given the last such sample's time for the rest
+        (`steps_sampled` of them)."""
         marks = self.step_marks
         walls = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
         owns = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
         out: dict[str, Any] = {"steps_timed": len(walls), "total_s": round(self.own_s, 4),
-                               "per_step_ms": None, "step_ms": None, "share": None}
+                               "per_step_ms": None, "step_ms": None, "share": None,
+                               "steps_sampled": self.sampled_steps}
         if walls:
             own, wall = statistics.median(owns), statistics.median(walls)
             out.update(per_step_ms=round(own * 1e3, 4), step_ms=round(wall * 1e3, 4),
@@ -215,8 +249,10 @@ class Recorder:
     def violation(self, rule: str, ev: dict, message: str, **data: Any) -> None:
         if len(self.violations) >= MAX_VIOLATIONS:
             return
+        if self._flushed != self._pos:  # its step is the timeline's last entry
+            self.flush()
         self.violations.append({"rule": rule, "path": ev.get("path"), "line": ev.get("line"),
-                                "function": ev.get("function"), "step": self.timeline[-1]["step"],
+                                "function": ev.get("function"), "step": self._timeline[-1]["step"],
                                 "message": message, "data": data})
 
     def maybe_stop(self) -> None:
@@ -232,6 +268,8 @@ class Recorder:
     def on_autocast_enter(self, ac) -> None:
         if self.muted:
             return
+        if self._flushed != self._pos:  # it counts the step's events
+            self.flush()
         dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
         enabled = bool(getattr(ac, "_enabled", True))
         dev = getattr(ac, "device", "?")
@@ -240,7 +278,7 @@ class Recorder:
         self._count_autocast(dev, dtype, enabled)
         if enabled and dtype == "float16":
             self.fp16_autocast_since_step = True
-        if len(self.timeline[-1]["events"]) < 8:  # the first few per step; a model may enter it per layer
+        if len(self._timeline[-1]["events"]) < 8:  # the first few per step; a model may enter it per layer
             self.event("autocast", device=dev, dtype=dtype, enabled=enabled)
 
     def _count_autocast(self, dev: str, dtype: str, enabled: bool) -> None:
@@ -251,7 +289,7 @@ class Recorder:
             site = self.autocast_sites[key] = {"device": dev, "dtype": dtype, "enabled": enabled,
                                                "path": path, "line": line, "count": 0, "steps": set()}
         site["count"] += 1
-        site["steps"].add(self.timeline[-1]["step"] if not self.open_next else self.steps)
+        site["steps"].add(self._timeline[-1]["step"] if not self.open_next else self.steps)
 
     def precision_seen(self) -> dict:
         """The autocast regions entered (per device, dtype and whether enabled) and the
@@ -353,7 +391,8 @@ class Recorder:
                                       "enabled_asked": asked_enabled, "enabled": _scaler_enabled(scaler)})
 
     def on_scale(self, scaler, loss, out) -> None:
-        if isinstance(out, torch.Tensor) and _scaler_enabled(scaler):
+        if isinstance(out, torch.Tensor) and (getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled
+                                              is _IS_ENABLED or _scaler_enabled(scaler)):  # its usual answer, no call
             # kept beside the tensor, not on it: an attribute would travel with it into pickle
             key, table = id(out), self.scaled_outputs
             try:
@@ -464,7 +503,7 @@ class Recorder:
         one, as if GradScaler had not called it."""
         rec["skipped"] = True
         self.rearm()  # judged clean at the step's end; the skip shows only now, at update()
-        for entry in reversed(self.timeline):
+        for entry in reversed(self._timeline):
             if entry.get("step") == rec["step"]:
                 entry["skipped"] = True
                 break
@@ -553,6 +592,8 @@ class Recorder:
     def complete_step(self, skipped: bool, via_scaler: bool, scaler=None) -> None:
         """One optimizer step finished (or was skipped by GradScaler), or one backward pass of a
         loop without an optimizer: close the step's record."""
+        if self._flushed != self._pos:
+            self.flush()
         for b in self.backwards if self.step_unit == "optimizer" else ():  # manual loops: above
             if not b["scaled"] and b["fp16"] and not via_scaler:
                 self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
@@ -562,14 +603,23 @@ class Recorder:
         loss = self._step_loss()
         rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
                "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
-        if self.timeline[-1].get("instruments") == "steady":
+        if self._timeline[-1].get("instruments") == "steady":
             rec["steady"] = True
             self.steady_steps += 1
-        self._judge_steady(rec)
+        untimed, window_s = self._interval_untimed, self.own_s - self._own_at_mark - self.close_s
+        on_template = self._judge_steady(rec)
+        if untimed:  # its wrappers' time is the sample's (a deviation mid-way is timed from there on, and added)
+            self.own_s += self._sample_s
+            self.sampled_steps += 1
+        elif on_template:
+            self._sample_s = max(0.0, window_s)
+        self.timing = not (self.fast and self._sample_s is not None and self.fast_steps % SAMPLE_EVERY)
+        self._interval_untimed = not self.timing
         self.series.append(rec)
+        self._own_at_mark = self.own_s
         if len(self.step_marks) < MAX_STEP_MARKS:
             self.step_marks.append((perf_counter(), self.own_s))
-        self.timeline[-1].update({"skipped": skipped, "scale": scale, "loss": loss})
+        self._timeline[-1].update({"skipped": skipped, "scale": scale, "loss": loss})
         self.last_step_skipped = skipped
         self.last_step_via_scaler = via_scaler
         self.steps += 1
@@ -582,14 +632,19 @@ class Recorder:
             if self.on_stop_pending is not None:
                 self.on_stop_pending()
 
-    def _judge_steady(self, rec: dict) -> None:
+    def _judge_steady(self, rec: dict) -> bool:
         """Whether the next step may run in steady state: this step was clean (finite loss, not
         skipped, scale not lower) and its pattern (the events since the previous step: kinds,
         places, dtypes, autocast state, counts) equals the one a period back (one step, or one
-        per optimizer when several take turns) for STEADY_AFTER steps in a row."""
+        per optimizer when several take turns) for STEADY_AFTER steps in a row. True: the window
+        followed the template throughout (and was judged without comparing)."""
         if not self.steady_after:
-            return
-        entry = self.timeline[-1]
+            return False
+        entry = self._timeline[-1]
+        if self.fast and self._tpl[self._pos] is _TEMPLATE_END and len(self._known_optimizers) <= 1 \
+                and (entry["dropped_events"], self._autocast_enters) == self._tpl_window[-1]:
+            self._judge_on_template(rec, entry)
+            return True
         counts = (entry["dropped_events"], self._autocast_enters)
         calls, self._calls = self._calls, []
         period = max(1, min(len(self._known_optimizers), 4))
@@ -600,7 +655,7 @@ class Recorder:
             window = self._tpl_window
             self.fast_steps += 1
         else:
-            prev = self.timeline[-2] if len(self.timeline) > 1 else None
+            prev = self._timeline[-2] if len(self._timeline) > 1 else None
             window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
             window.append(counts)
         self._trailing_from = len(entry["events"])
@@ -617,27 +672,58 @@ class Recorder:
             del windows[0]
         self._steady_run = 0 if not clean else self._steady_run + 1 if same else 1
         self.steady = self._steady_run >= self.steady_after
-        self._pos = 0
+        self._pos = self._flushed = 0
+        if self._fast_vals:
+            self._fast_vals = {}
         # the next window may follow this one (its template) when steady with one optimizer, every
         # event of this one is in `calls` (none dropped, none taken from a template), and the
         # timeline has room for all of the next window's events (its first ones join this step's)
         if self.steady and period == 1 and (on_template or len(calls) == len(window) - 1 and not counts[0]):
             if not on_template:
-                self._tpl, self._tpl_window = calls + [_TEMPLATE_END], window
+                self._tpl, self._tpl_window = [_with_fast_key(t) for t in calls] + [_TEMPLATE_END], window
+                split = next((i for i, t in enumerate(calls) if t[0] not in TRAILING), len(calls))
+                self._tpl_head, self._tpl_tail = [t[3] for t in calls[:split]], [t[3] for t in calls[split:]]
             self.fast = len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
         else:
             self.fast = False
+        return False
+
+    def _judge_on_template(self, rec: dict, entry: dict) -> None:
+        """_judge_steady for a window whose every event was the template's, in order (the loss
+        scale's values aside), with one optimizer: the same pattern, judged without comparing."""
+        self.fast_steps += 1
+        self._calls = []
+        self._trailing_from = len(entry["events"])
+        self._autocast_enters = 0
+        last, scale, loss = self.series[-1], rec["scale"], rec["loss"]
+        windows = self._windows
+        windows.append(self._tpl_window)
+        if len(windows) > 4:
+            del windows[0]
+        if not rec["skipped"] and type(loss) is float and math.isfinite(loss) and (
+                scale == last["scale"] or scale is not None and last["scale"] is not None and scale > last["scale"]):
+            self._steady_run += 1
+        else:
+            self._steady_run = 0
+        self.steady = self._steady_run >= self.steady_after
+        self._pos = self._flushed = 0
+        if self._fast_vals:
+            self._fast_vals = {}
+        self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
 
     def recording_steady(self) -> bool:
         """The step being recorded began in steady state (between steps: the next one will)."""
-        return self.steady if self.open_next else self.timeline[-1].get("instruments") == "steady"
+        return self.steady if self.open_next else self._timeline[-1].get("instruments") == "steady"
 
     def rearm(self) -> None:
         """A deviation: every instrument is armed again from the next step (or now, mid-step, for
         what is armed later in it); steady state needs STEADY_AFTER clean equal steps again."""
+        if self._flushed != self._pos:
+            self.flush()
         self.steady = False
         self._steady_run = 0
         self.fast = False
+        self.timing = True
 
     def peek_loss(self) -> float | None:
         """The latest (unscaled) loss of this step as a float, without closing the step."""
@@ -662,6 +748,10 @@ class Recorder:
     def scale_of(self, scaler) -> float | None:
         """A GradScaler's current scale as a float (None when disabled): read from the device once
         per value (the scale tensor's version counter tells when update() changed it)."""
+        read = self._scale_read
+        if read is not None and getattr(scaler, "_scale", None) is read[0] and read[0]._version == read[1] \
+                and getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED:
+            return read[2]  # the value read last: the usual case, ~2 a step
         if not (getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED
                 or _scaler_enabled(scaler)):  # _scaler_enabled's usual answer without its call (~3 a step)
             return None
@@ -691,7 +781,7 @@ class Recorder:
             return None
         if value != value:
             return "nan"
-        if value in (float("inf"), float("-inf")):
+        if value - value:  # infinite (inf - inf is nan); finite values give 0.0
             return "inf" if value > 0 else "-inf"
         return value
 
@@ -754,26 +844,44 @@ class Recorder:
                 self.half_at[id(p)] = where
 
     # -- the steady fast path ----------------------------------------------------------------
-    # On a steady step whose calls so far were the template step's, a wrapper whose call is the
-    # template's next one (`t`, self._tpl[self._pos]), made from the same code object and
-    # instruction (so the same file, line and function the full event() would find), runs one of
-    # these instead of its `on_*` method: the same protocol state changes, the template's event
-    # copied, no stack walk. Each first checks that the full method would record no violation and
-    # change nothing else; if anything differs it returns False having changed nothing, and the
-    # full method runs (the window leaves the fast path when its event is not the template's).
-    # Exact by construction: tests/test_trace_steady.py plants a deviation at every call of a
-    # steady step and compares the violations and the timeline with --no-steady's.
-    def _fast_event(self, t: tuple) -> dict:
-        """event() for a call that matched the template record `t`: a copy of its event (the
-        window was judged to have room for all of them). Not logged in `_calls`: a window that
-        leaves the fast path is not a template."""
-        ev = dict(t[3])
-        self._pos += 1
-        if self.open_next and t[0] not in TRAILING:
-            self.open_next = False
-            self.timeline.append(self._new_step(self.steps))
-        self.timeline[-1]["events"].append(ev)
-        return ev
+    # On a steady step whose calls so far were the template step's, a wrapper (patches) whose
+    # call is the template's next record `t` (self._tpl[self._pos]: the same kind, made from the
+    # same code object and instruction, so the same file, line and function the full event()
+    # would find) makes the protocol state changes of its `on_*` method itself, after checking
+    # that the method would record no violation and change nothing else (else the method runs,
+    # and the window leaves the fast path when its event is not the template's); it walks no
+    # stack and builds no event: the template's events are appended by flush(), at the step's
+    # close or before anything reads or extends the timeline. Exact by construction:
+    # tests/test_trace_fastpath.py plants a deviation at every call of a steady step and compares
+    # the violations, the timeline and the step series with --no-steady's.
+    def flush(self) -> None:
+        """Append the events of the calls matched since the last flush, in order, as event()
+        would have: copies of the template's (scaler.update's with its own scale values)."""
+        tpl, vals, timeline = self._tpl, self._fast_vals, self._timeline
+        head = self._tpl_head
+        if not self._flushed and self._pos == len(tpl) - 1 and self.open_next:  # the whole window, at its close
+            events = timeline[-1]["events"]
+            start = len(events)
+            events.extend(map(dict, head))
+            if self._tpl_tail:
+                self.open_next = False
+                timeline.append(self._new_step(self.steps))
+                timeline[-1]["events"].extend(map(dict, self._tpl_tail))
+            for i, (before, after) in vals.items():
+                ev = events[start + i] if i < len(head) else timeline[-1]["events"][i - len(head)]
+                ev["scale_before"], ev["scale_after"] = before, after
+            self._flushed = self._pos
+            return
+        for i in range(self._flushed, self._pos):
+            t = tpl[i]
+            ev = dict(t[3])
+            if i in vals:
+                ev["scale_before"], ev["scale_after"] = vals[i]
+            if self.open_next and t[0] not in TRAILING:
+                self.open_next = False
+                timeline.append(self._new_step(self.steps))
+            timeline[-1]["events"].append(ev)
+        self._flushed = self._pos
 
     def _usual(self, scaler, optimizer) -> bool:
         """An enabled GradScaler with torch's own is_enabled(), and an optimizer _note_optimizer
@@ -782,95 +890,20 @@ class Recorder:
         return (known is not None and known() is optimizer and self.device_seen is not None
                 and getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED)
 
-    def fast_autocast_enter(self, caller, ac) -> bool:
-        t = self._tpl[self._pos]
-        if t[0] != "autocast" or caller.f_code is not t[1] or caller.f_lasti != t[2] or self.muted \
-                or len(self.timeline[-1]["events"]) >= 8:  # beyond 8 no event is made: nothing to match
-            return False
-        ev = t[3]
-        dtype = str(getattr(ac, "fast_dtype", None)).replace("torch.", "")
-        enabled = bool(getattr(ac, "_enabled", True))
-        dev = getattr(ac, "device", "?")
-        if ev["device"] != dev or ev["dtype"] != dtype or ev["enabled"] is not enabled:
-            return False
-        # entered by the user's `with` (its caller is a user frame): not a framework's region
-        self.autocast_stack.append((dev, dtype, enabled, False))
-        self._autocast_enters += 1
-        self._count_autocast(dev, dtype, enabled)
-        if enabled and dtype == "float16":
-            self.fp16_autocast_since_step = True
-        self._fast_event(t)
-        return True
 
-    def fast_backward(self, caller, tensor) -> bool:
-        """A scaled loss's backward(), outside autocast, in a loop with an optimizer."""
-        t = self._tpl[self._pos]
-        if t[0] != "backward" or caller.f_code is not t[1] or caller.f_lasti != t[2] or not t[3]["scaled"] \
-                or self.muted or self.stop_pending or not self.created_at or _any_autocast():  # AMP104
-            return False
-        entry = self.scaled_outputs.get(id(tensor))
-        scaler = entry[1]() if entry is not None and entry[0]() is tensor else None
-        if getattr(scaler, "_enabled", None) is not True or type(scaler).is_enabled is not _IS_ENABLED:
-            return False
-        if self.before_backward is not None:
-            self.before_backward(self)
-        self.backwards.append({"ev": self._fast_event(t), "scaled": True, "fp16": self.fp16_autocast_since_step})
-        self.scaled_pending = True
-        self.unscaled_optimizers = []
-        return True
-
-    def fast_unscale(self, caller, scaler, optimizer) -> bool:
-        t = self._tpl[self._pos]
-        if t[0] != "scaler.unscale_" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
-                or not self._usual(scaler, optimizer):
-            return False
-        key = (id(scaler), id(optimizer))
-        if key in self.scaler_stage or self.backwards and not _any_scaled(self.backwards):  # AMP112/113/115
-            return False
-        self._fast_event(t)
-        self.scaler_stage[key] = "unscaled"
-        self.unscaled_optimizers.append(optimizer)
-        return True
-
-    def fast_clip(self, caller, kind: str, params: list) -> bool:
-        t = self._tpl[self._pos]
-        if t[0] != kind or caller.f_code is not t[1] or caller.f_lasti != t[2] or self._still_scaled(params):  # AMP101
-            return False
-        self._fast_event(t)
-        return True
-
-    def fast_scaler_step_enter(self, caller, scaler, optimizer) -> dict | None:
-        t = self._tpl[self._pos]
-        if t[0] != "scaler.step" or caller.f_code is not t[1] or caller.f_lasti != t[2] or self.stop_pending \
-                or not self._usual(scaler, optimizer) or self.scaler_step_where is None:
-            return None
-        if self.scaler_stage.get((id(scaler), id(optimizer))) == "stepped" or _any_autocast() \
-                or self.backwards and not _any_scaled(self.backwards):  # AMP113, AMP105, AMP115
-            return None
-        if self.before_update is not None:
-            self.before_update(self, optimizer)
-        frame = {"scaler": scaler, "optimizer": optimizer, "ran": False, "ev": self._fast_event(t), "enabled": True}
-        self.in_scaler_step.append(frame)
-        return frame
-
-    def fast_scaler_update(self, caller, scaler, before, after, explicit: bool) -> bool:
-        t = self._tpl[self._pos]
-        if t[0] != "scaler.update" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
-                or "scale_before" not in t[3]:  # AMP109's event, without the values, is another call
-            return False
-        ev = self._fast_event(t)
-        ev["scale_before"], ev["scale_after"] = before, after
-        self._updated(scaler, before, after, explicit)
-        return True
-
-    def fast_scheduler_step(self, caller, scheduler) -> bool:
-        t = self._tpl[self._pos]
-        if t[0] != "scheduler.step" or caller.f_code is not t[1] or caller.f_lasti != t[2] \
-                or self.in_scheduler_init or self.last_step_skipped \
-                or t[3]["scheduler"] != type(scheduler).__name__:  # AMP107 is the full path's
-            return False
-        self._scheduler_stepped(scheduler, self._fast_event(t))
-        return True
+def _with_fast_key(t: tuple) -> tuple:
+    """A template record with what its fast path compares precomputed: for an autocast entry
+    the device, the dtype object, enabled, its autocast_stack entry, its site key, and whether it
+    is float16 (as on_autocast_enter computes them from the object)."""
+    kind, ev = t[0], t[3]
+    if kind != "autocast":
+        return (*t, None)
+    dev, dtype, enabled = ev["device"], ev["dtype"], ev["enabled"]
+    obj = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(obj, torch.dtype) or str(obj).replace("torch.", "") != dtype:
+        obj = object()  # matches no autocast: its calls take the full path
+    return (*t, (dev, obj, enabled, (dev, dtype, enabled, False), (dev, dtype, enabled),
+                 enabled and dtype == "float16"))
 
 
 def _same_pattern(a: list, b: list) -> bool:

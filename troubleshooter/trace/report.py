@@ -59,7 +59,7 @@ def build(script: str, argv: list[str], device_req: str, raw: dict, findings: li
         "nan": {k: v for k, v in numerics.items() if k != "headroom_steps"} | {"enabled": nan},
         "headroom": {"enabled": headroom, "steps": numerics.get("headroom_steps", []) if headroom else []},
         "overhead": raw.get("overhead") or {"steps_timed": 0, "total_s": None, "per_step_ms": None,
-                                            "step_ms": None, "share": None},
+                                            "step_ms": None, "share": None, "steps_sampled": 0},
         "steady": raw.get("steady") or {"enabled": False, "after": None, "steps": 0},
     }
     return jsonable(report)
@@ -107,8 +107,10 @@ def overhead_line(report: dict) -> str | None:
         return None
     share = o.get("share")
     of_step = f" ({share:.1%} of the step without it)" if share is not None else ""
+    sampled = o.get("steps_sampled")
+    how = f", {sampled} of them steady steps given a sampled steady step's time" if sampled else ""
     return (f"Tracing added about {per_step:.3g} ms per step{of_step}: the tracer's own code, timed in "
-            f"the run (median of {o.get('steps_timed')} steps; a step took {step:.3g} ms with it).")
+            f"the run (median of {o.get('steps_timed')} steps{how}; a step took {step:.3g} ms with it).")
 
 
 def steady_line(report: dict) -> str | None:
