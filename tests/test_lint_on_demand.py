@@ -237,3 +237,43 @@ def test_version_guard_tests_are_unparsed_only_where_they_can_match(models):
     crafted = scripts[-1][1]
     assert [may_guard(crafted, n.test) for n in crafted.of_class(ast.If)] == [True] * 7 + [False]
     assert skipped > 1000 and matched > 10
+
+
+def _role_facts(m) -> dict:
+    """The role tables of a model, nodes by identity."""
+    from troubleshooter.lint.analysis.roles import ROLES
+
+    def fact(value):
+        if isinstance(value, list):
+            return [id(v) for v in value]
+        return value if isinstance(value, (str, tuple)) or value.__class__.__name__ == "Autocast" else id(value)
+
+    out = {}
+    for name in sorted(ROLES):
+        table = getattr(m, name)
+        out[name] = sorted(table) if isinstance(table, set) else {k: fact(v) for k, v in table.items()}
+    return out
+
+
+def test_role_tables_known_empty_are_empty(models):
+    """A role table that the gates of roles.py (`_CAN_FILL`) answer without classifying is empty, and stays
+    so once the others are built: each table read first on its own, then all, equals every table built at
+    once (the gates forced open), on every in-repo script."""
+    from troubleshooter.lint.analysis.roles import _CAN_FILL
+
+    src = ("from torch.cuda.amp import GradScaler as GS\nfrom torch import autocast as ac\nimport functools\n"
+           "from torch.optim.lr_scheduler import StepLR as Later\ns = GS()\nctx = ac('cuda')\n"
+           "f = functools.partial(ac, 'cuda')\nw = Later(o, 3)\nm = Net().half()\n")
+    crafted = FileModel(parse(src), src)
+    assert crafted.scaler_ctor and crafted.autocast_vars and crafted.autocast_factories and crafted.scheduler_keys
+    gated = 0
+    for name, m in models + [("crafted", crafted)]:
+        fresh = FileModel(m.tree, m.source)
+        for table in _CAN_FILL:
+            if not _CAN_FILL[table](fresh):
+                gated += 1
+                assert not getattr(fresh, table), (name, table)
+        forced = FileModel(m.tree, m.source)
+        forced._classify_roles()
+        assert _role_facts(fresh) == _role_facts(forced), name
+    assert gated > 200  # the gates do say no

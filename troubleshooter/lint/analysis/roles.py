@@ -15,6 +15,22 @@ _NOT_HANDING_ON = frozenset({"step", "unscale_", "scale", "update", "state_dict"
                              "isinstance"})
 _SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
 _OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
+# The role tables `Roles._classify_roles` builds on first use.
+ROLES = frozenset({"scaler_ctor", "optimizer_ctor", "scheduler_keys", "autocast_vars", "autocast_factories",
+                   "halved", "halved_pretrained", "instances"})
+
+
+# Role tables that only some calls can add to, and whether a file has one (`_classify_value`): a GradScaler
+# construction (qualified name ending "GradScaler"), an autocast object (ending "autocast"), and
+# `partial(autocast, ...)` (function name "partial", its first argument a name, attribute or alias ending
+# "autocast"), and a scheduler (a function name holding "sched", or a qualified name "lr_scheduler": a name,
+# an attribute or an import alias holds it). A model definition file has none of them.
+_CAN_FILL = {"scaler_ctor": lambda m: m.may_call_ending("GradScaler"),
+             "autocast_vars": lambda m: m.may_call_ending("autocast"),
+             "scheduler_keys": lambda m: m.may_name_part("sched") or any(
+                 "lr_scheduler" in qual for qual in m.names.alias.values()),
+             "autocast_factories": lambda m: "partial" in m.calls_by_tail() and (m.may_name_part("autocast") or any(
+                 qual.endswith("autocast") for qual in m.names.alias.values()))}
 
 
 class Roles:
@@ -47,10 +63,45 @@ class Roles:
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
         # consts: names assigned exactly once, used to resolve dtype/device variables
         self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
-        for base, node in self._to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
+
+    def _role_table(self, name: str):
+        """A role table on its first read: empty, without classifying anything, when no call of the file can
+        add to it (`_CAN_FILL`); else all of them, built at once. A table known empty this way stays empty
+        when the others are built later (tests/test_lint_on_demand.py forces every gate open)."""
+        can_fill = _CAN_FILL.get(name)
+        if can_fill is not None and not can_fill(self):
+            table = self.__dict__[name] = set() if name == "scheduler_keys" else {}
+            return table
+        self._classify_roles()
+        return self.__dict__[name]
+
+    def _classify_roles(self) -> None:
+        """What each assigned name is (scaler, optimizer, scheduler, autocast object, half model, instance of
+        a local class): the `ROLES`, built on the first read of one of them (FileModel.__getattr__). A model
+        definition file reads none of them (no step, no scaler, no autocast variable), and building them
+        was a tenth of a bare parse on such trees. They depend only on what `_collect` gathered (names,
+        assignments, constants, classes), so building them later gives what building them first gave."""
+        self.scaler_ctor, self.optimizer_ctor, self.autocast_vars, self.autocast_factories = {}, {}, {}, {}
+        self.scheduler_keys, self.instances, self.halved_pretrained = set(), {}, {}
+        self.halved = halved = {}
+        round_trips: set[int] = set()
+        for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
+            r = receiver(node)
+            if isinstance(r, ast.Call) and func_tail(r) in _CASTS:
+                round_trips.add(id(r))
+        to_calls = []
+        for node in self.calls_named(*_CASTS):  # in walk order: the first cast of a base is kept
+            if id(node) in round_trips:
+                continue
+            base = chain_base(receiver(node))
+            if base and func_tail(node) == "to":
+                to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+            elif base:
+                halved.setdefault(base, node)
+        for base, node in to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
             if any(self.dtype_of(a) in {"fp16", "bf16"}
                    for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
-                self.halved.setdefault(base, node)
+                halved.setdefault(base, node)
         classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
         for k, values in self.assigns.items():
             for v in values:
@@ -69,18 +120,6 @@ class Roles:
             rk = tail(r) if r is not None else None
             if rk and "scal" in rk.lower():
                 self.scaler_method_keys.add(rk)
-        for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
-            r = receiver(node)
-            if isinstance(r, ast.Call) and func_tail(r) in _CASTS:
-                self._round_trips.add(id(r))
-        for node in self.calls_named(*_CASTS):  # in walk order: the first cast of a base is kept
-            if id(node) in self._round_trips:
-                continue
-            base = chain_base(receiver(node))
-            if base and func_tail(node) == "to":
-                self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
-            elif base:
-                self.halved.setdefault(base, node)
         for node in self.calls_named("requires_grad_"):
             r = receiver(node)
             if r is not None and node.args and is_false(node.args[0]):
@@ -185,7 +224,7 @@ class Roles:
         return "dynamic" if "dynamic" in states or len(states) > 1 else (states.pop() if states else "yes")
 
     def is_scheduler(self, key: str | None) -> bool:
-        return bool(key) and (key in self.scheduler_keys or bool(SCHED_NAME_RE.search(key)))
+        return bool(key) and (bool(SCHED_NAME_RE.search(key)) or key in self.scheduler_keys)
 
     def is_optimizer(self, key: str | None) -> bool:
         if not key or self.is_scheduler(key) or self.is_scaler(key):

@@ -26,9 +26,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
 
     def check(self, m):
-        if not m.halved:
-            return
-        trained = trained_half_models(m)
+        trained = None  # the half models are a role table (roles.py): asked for only once a save holds a state
         for s in m.event_scopes:
             for e in s.of(SAVE):
                 if e.arg is None:
@@ -36,6 +34,12 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
                 contents = checkpoint_contents(m, s, e.arg, before=e.line)
                 values = contents[1] if contents else [e.arg]
                 owners = state_owners(values)
+                if not owners:
+                    continue
+                if trained is None:
+                    if not m.halved:
+                        return
+                    trained = trained_half_models(m)
                 has_opt = any(m.is_optimizer(o) for o in owners)
                 half = [o for o in owners if o in trained or
                         (has_opt and o in m.halved and m.halved[o].lineno < e.line and m.scope_of(m.halved[o]) is s)]

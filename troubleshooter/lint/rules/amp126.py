@@ -55,6 +55,8 @@ scaler.update()
                   "generator's backward)")
 
     def check(self, m):
+        if not any(s.of(ZERO_GRAD) for s in m.event_scopes):
+            return  # no zero_grad: the optimizers' owners (a role table, roles.py) are not asked for
         owner = self._owners(m)
         for s in m.event_scopes:
             events = s.events
