@@ -277,3 +277,41 @@ def test_role_tables_known_empty_are_empty(models):
         forced._classify_roles()
         assert _role_facts(fresh) == _role_facts(forced), name
     assert gated > 200  # the gates do say no
+
+
+def test_rules_needing_events_find_nothing_without_them(models):
+    """The engine skips a rule that declares `needs_events` on a file with no training-step event: run on
+    every in-repo script without events anyway, each such rule finds nothing."""
+    from troubleshooter.lint import lint_text
+    from troubleshooter.lint.rules import RULES
+
+    gated = [r for r in RULES if r.needs_events]
+    assert len(gated) >= 5
+    eventless = [(name, m) for name, m in models if not m.event_scopes]
+    assert len(eventless) > 20
+    for name, m in eventless:
+        for rule in gated:
+            assert list(rule.check(m)) == [], (name, rule.id)
+    for rule in gated:  # and where a file has events they run: each one's own bad example is still found
+        src = ROOT / "tests" / "fixtures" / "lint" / f"bad_{rule.id}.py"
+        assert rule.id in {f.rule for f in lint_text(src.read_text(), str(src)).findings}, rule.id
+
+
+def test_framework_questions_ask_only_their_adapters(models):
+    """`frameworks.of` searches only the adapters that can make a setup of the frameworks asked for: the
+    same setups, in the same order, as filtering every adapter's (and each adapter makes only its own)."""
+    from troubleshooter.lint import frameworks
+    from troubleshooter.lint.frameworks import adapters, frameworks_of
+
+    asked = [("accelerate",), ("fabric",), ("lightning", "fabric"), ("deepspeed",), ("fsdp1", "fsdp2"),
+             ("accelerate", "fabric", "hf_trainer"), ("accelerate", "fabric", "hf_trainer", "lightning")]
+    found = 0
+    for name, m in models:
+        fresh = FileModel(m.tree, m.source)
+        answers = [[id(s) for s in frameworks.of(fresh, *fws)] for fws in asked]  # before the full search
+        every = frameworks.setups(fresh)
+        assert answers == [[id(s) for s in every if s.framework in fws] for fws in asked], name
+        for a in adapters():
+            assert {s.framework for s in frameworks._found(fresh, a)} <= frameworks_of(a), (name, a.NAME)
+        found += len(every)
+    assert found > 50

@@ -15,9 +15,10 @@ _NOT_HANDING_ON = frozenset({"step", "unscale_", "scale", "update", "state_dict"
                              "isinstance"})
 _SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
 _OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
-# The role tables `Roles._classify_roles` builds on first use.
+# The role tables `Roles._classify_roles` and `Roles._find_half_models` build on first use.
 ROLES = frozenset({"scaler_ctor", "optimizer_ctor", "scheduler_keys", "autocast_vars", "autocast_factories",
                    "halved", "halved_pretrained", "instances"})
+_HALF_TABLES = frozenset({"halved", "halved_pretrained"})
 
 
 # Role tables that only some calls can add to, and whether a file has one (`_classify_value`): a GradScaler
@@ -66,8 +67,12 @@ class Roles:
 
     def _role_table(self, name: str):
         """A role table on its first read: empty, without classifying anything, when no call of the file can
-        add to it (`_CAN_FILL`); else all of them, built at once. A table known empty this way stays empty
-        when the others are built later (tests/test_lint_on_demand.py forces every gate open)."""
+        add to it (`_CAN_FILL`); else the half models (`_find_half_models`) or all the others, built at once.
+        A table known empty this way stays empty when the others are built later
+        (tests/test_lint_on_demand.py forces every gate open)."""
+        if name in _HALF_TABLES:
+            self._find_half_models()
+            return self.__dict__[name]
         can_fill = _CAN_FILL.get(name)
         if can_fill is not None and not can_fill(self):
             table = self.__dict__[name] = set() if name == "scheduler_keys" else {}
@@ -76,14 +81,27 @@ class Roles:
         return self.__dict__[name]
 
     def _classify_roles(self) -> None:
-        """What each assigned name is (scaler, optimizer, scheduler, autocast object, half model, instance of
-        a local class): the `ROLES`, built on the first read of one of them (FileModel.__getattr__). A model
-        definition file reads none of them (no step, no scaler, no autocast variable), and building them
-        was a tenth of a bare parse on such trees. They depend only on what `_collect` gathered (names,
-        assignments, constants, classes), so building them later gives what building them first gave."""
+        """What each assigned name is (scaler, optimizer, scheduler, autocast object, instance of a local
+        class): the `ROLES` but the half models, built on the first read of one of them
+        (FileModel.__getattr__). A model definition file reads none of them (no step, no scaler, no autocast
+        variable), and building them was a tenth of a bare parse on such trees. They depend only on what
+        `_collect` gathered (names, assignments, constants, classes), so building them later gives what
+        building them first gave."""
         self.scaler_ctor, self.optimizer_ctor, self.autocast_vars, self.autocast_factories = {}, {}, {}, {}
-        self.scheduler_keys, self.instances, self.halved_pretrained = set(), {}, {}
+        self.scheduler_keys, self.instances = set(), {}
+        classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
+        for k, values in self.assigns.items():
+            for v in values:
+                if v.__class__ in classified:
+                    self._classify_value(k, v)
+
+    def _find_half_models(self) -> None:
+        """`halved` and `halved_pretrained`, on the first read of either: the names cast to half (`x.half()`,
+        `.to(torch.float16)`, also through a dtype variable) or assigned a chain with a half link or float16
+        `from_pretrained` weights. Read by the rules about saving and training half weights, which ask
+        only once a file saves or trains something."""
         self.halved = halved = {}
+        self.halved_pretrained = {}
         round_trips: set[int] = set()
         for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
             r = receiver(node)
@@ -102,11 +120,31 @@ class Roles:
             if any(self.dtype_of(a) in {"fp16", "bf16"}
                    for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
                 halved.setdefault(base, node)
-        classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
+        classified = (ast.Call, ast.IfExp, ast.Await)
         for k, values in self.assigns.items():
             for v in values:
                 if v.__class__ in classified:
-                    self._classify_value(k, v)
+                    self._half_links(k, v)
+
+    def _half_links(self, key: str, value: ast.AST) -> None:
+        """model = Net().half().cuda(): the first half link (or float16 `from_pretrained`) of an assigned chain."""
+        value = peel(value)
+        if isinstance(value, ast.IfExp):
+            for branch in (value.body, value.orelse):
+                self._half_links(key, branch)
+            return
+        link = value
+        while isinstance(link, ast.Call):
+            lt = func_tail(link)
+            if lt in {"half", "bfloat16"} or (lt == "to" and any(
+                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
+                self.halved.setdefault(key, link)
+                break
+            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
+                                               for k in link.keywords):
+                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
+                break
+            link = receiver(link)
 
     def _collect_calls(self, scaler_names: bool) -> None:
         """What calls of a few names say (finiteness checks, scaler methods, half casts, frozen weights),
@@ -157,18 +195,6 @@ class Roles:
             self.autocast_factories[key] = value
         if t in self.classes:
             self.instances[key] = t
-        link = value
-        while isinstance(link, ast.Call):  # model = Net().half().cuda(): any half link in the chain
-            lt = func_tail(link)
-            if lt in {"half", "bfloat16"} or (lt == "to" and any(
-                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
-                self.halved.setdefault(key, link)
-                break
-            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
-                                               for k in link.keywords):
-                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
-                break
-            link = receiver(link)
         inner = receiver(value)
         while isinstance(inner, ast.Call):  # model = Net().to(device) -> instance of Net
             if func_tail(inner) in self.classes:

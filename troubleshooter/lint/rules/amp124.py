@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class HalfCheckpoint(Rule):
     id = "AMP124"
+    needs_events = True
     name = "half-checkpoint"
     severity = "warning"
     summary = "Saving a half-precision state dict (after `.half()`) as a training checkpoint."
@@ -26,7 +27,9 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
 
     def check(self, m):
-        trained = None  # the half models are a role table (roles.py): asked for only once a save holds a state
+        if not any(s.of(SAVE) for s in m.event_scopes) or not m.halved:
+            return  # nothing saved (most files): the half models, a role table (roles.py), are not asked for
+        trained = trained_half_models(m)
         for s in m.event_scopes:
             for e in s.of(SAVE):
                 if e.arg is None:
@@ -34,12 +37,6 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
                 contents = checkpoint_contents(m, s, e.arg, before=e.line)
                 values = contents[1] if contents else [e.arg]
                 owners = state_owners(values)
-                if not owners:
-                    continue
-                if trained is None:
-                    if not m.halved:
-                        return
-                    trained = trained_half_models(m)
                 has_opt = any(m.is_optimizer(o) for o in owners)
                 half = [o for o in owners if o in trained or
                         (has_opt and o in m.halved and m.halved[o].lineno < e.line and m.scope_of(m.halved[o]) is s)]

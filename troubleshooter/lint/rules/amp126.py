@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class BackwardBeforeOtherOptimizerSteps(Rule):
     id = "AMP126"
+    needs_events = True
     name = "backward-before-other-optimizer-steps"
     severity = "warning"
     summary = ("A second backward (another model's loss, e.g. a GAN generator's) runs before the optimizer of the "
