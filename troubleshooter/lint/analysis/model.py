@@ -137,7 +137,7 @@ class FileModel(Roles, AutocastResolution):
         for node in of(ast.FunctionDef) + of(ast.AsyncFunctionDef):
             args = node.args
             distinct.update(a.arg for a in args.args + args.kwonlyargs)
-        return {i.lower() for i in distinct}
+        return set(map(str.lower, distinct))
 
     @cached_property
     def _identifier_text(self) -> str:
