@@ -52,7 +52,9 @@ class Memo:
 class FileModel(Roles, AutocastResolution):
     """Everything rules ask about one file, computed once."""
 
-    # The role tables (roles.py), built on the first read of one (`__getattr__`).
+    # Built on first read (`__getattr__`, roles.py): the assignments, and the role tables.
+    assigns: dict[str, list[ast.AST]]  # key -> assigned values, in walk order
+    consts: dict[str, ast.AST]  # names assigned once -> the value
     scaler_ctor: dict[str, list[ast.Call]]
     optimizer_ctor: dict[str, list[ast.Call]]
     scheduler_keys: set[str]
@@ -72,8 +74,6 @@ class FileModel(Roles, AutocastResolution):
         self._by_class = by_class
         self._calls_index: dict[str, list[int]] | None = None  # calls_by_tail, built on first use
         self.names = Names(self.in_walk_order(self.of_class(ast.Import), self.of_class(ast.ImportFrom)))
-        self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
-        self.consts: dict[str, ast.AST] = {}
         self.functions: dict[str, list[ast.AST]] = {}
         self.classes: dict[str, ast.ClassDef] = {}
         self.parents_of_func: dict[int, ast.ClassDef] = {}
@@ -125,6 +125,9 @@ class FileModel(Roles, AutocastResolution):
         """Only for attributes not set yet: a role table's first read (roles.py)."""
         if name in ROLES:
             return self._role_table(name)
+        if name in ("assigns", "consts"):
+            self._collect_assigns()
+            return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @cached_property

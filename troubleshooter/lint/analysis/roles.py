@@ -43,16 +43,6 @@ class Roles:
         of = self.of_class
         self.scaler_named = scaler_names = self.may_name_part("scaler")
         self._collect_calls(scaler_names)
-        assign_counts: dict[str, int] = {}
-        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
-            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
-                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                    k = tail(sub)
-                    if k:
-                        self.assigns.setdefault(k, []).append(node.value)
-                        assign_counts[k] = assign_counts.get(k, 0) + 1
-                        if isinstance(sub, ast.Name):
-                            self.consts[k] = node.value
         for node in self.in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
             self.functions.setdefault(node.name, []).append(node)
         for node in of(ast.ClassDef):
@@ -62,8 +52,25 @@ class Roles:
                     self.parents_of_func[id(item)] = node
         # a scaler handed to code outside this file may be updated there
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
-        # consts: names assigned exactly once, used to resolve dtype/device variables
-        self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
+
+    def _collect_assigns(self) -> None:
+        """`assigns` (key -> its assigned values, in walk order) and `consts` (names assigned exactly once, to
+        resolve dtype/device variables), on the first read of either (FileModel.__getattr__): a pass over
+        every assignment of the file that a model definition file, asked nothing about its names, skips."""
+        of = self.of_class
+        self.assigns = assigns = {}
+        consts: dict[str, ast.AST] = {}
+        assign_counts: dict[str, int] = {}
+        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
+            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
+                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    k = tail(sub)
+                    if k:
+                        assigns.setdefault(k, []).append(node.value)
+                        assign_counts[k] = assign_counts.get(k, 0) + 1
+                        if isinstance(sub, ast.Name):
+                            consts[k] = node.value
+        self.consts = {k: v for k, v in consts.items() if assign_counts.get(k) == 1}
 
     def _role_table(self, name: str):
         """A role table on its first read: empty, without classifying anything, when no call of the file can
@@ -228,6 +235,8 @@ class Roles:
             return False
         if key in self.scaler_ctor:
             return True
+        if key not in self.scaler_method_keys and "scaler" not in key.lower():
+            return False  # no test below can pass: the origin (read from the assignments) is not asked
         if self.scaler_origin(key) == "other":
             return False  # e.g. fairseq's DynamicLossScaler: its own scale()/update(), not torch's protocol
         if key in self.scaler_method_keys:
