@@ -315,3 +315,24 @@ def test_framework_questions_ask_only_their_adapters(models):
             assert {s.framework for s in frameworks._found(fresh, a)} <= frameworks_of(a), (name, a.NAME)
         found += len(every)
     assert found > 50
+
+
+def test_light_walks_leave_call_names_for_later_and_find_them_all(models):
+    """A function walked only for its `with` regions (LightWalker) leaves its expressions' call names for the
+    first read of `calls`: the same names, regions and loops as the walk that scanned every expression."""
+    from troubleshooter.lint.analysis.walker import LightWalker
+
+    class _Eager(LightWalker):
+        _scan = Walker._call_names
+
+    checked = 0
+    for name, m in models:
+        for scope in m.scopes[1:]:
+            if scope.events:
+                continue
+            eager = _Eager(m, Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)).run(scope.node.body)
+            assert scope.calls == eager.calls, (name, scope.name)
+            assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in eager.regions]
+            assert [id(lp.node) for lp in scope.loops] == [id(lp.node) for lp in eager.loops], (name, scope.name)
+            checked += 1
+    assert checked > 500
