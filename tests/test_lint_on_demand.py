@@ -330,7 +330,8 @@ def test_light_walks_leave_call_names_for_later_and_find_them_all(models):
         for scope in m.scopes[1:]:
             if scope.events:
                 continue
-            eager = _Eager(m, Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)).run(scope.node.body)
+            fresh = Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)
+            eager = _Eager(m, fresh).run(scope.node.body)
             assert scope.calls == eager.calls, (name, scope.name)
             assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in eager.regions]
             assert [id(lp.node) for lp in scope.loops] == [id(lp.node) for lp in eager.loops], (name, scope.name)
