@@ -237,3 +237,103 @@ def test_version_guard_tests_are_unparsed_only_where_they_can_match(models):
     crafted = scripts[-1][1]
     assert [may_guard(crafted, n.test) for n in crafted.of_class(ast.If)] == [True] * 7 + [False]
     assert skipped > 1000 and matched > 10
+
+
+def _role_facts(m) -> dict:
+    """The role tables of a model, nodes by identity."""
+    from troubleshooter.lint.analysis.roles import ROLES
+
+    def fact(value):
+        if isinstance(value, list):
+            return [id(v) for v in value]
+        return value if isinstance(value, (str, tuple)) or value.__class__.__name__ == "Autocast" else id(value)
+
+    out = {}
+    for name in sorted(ROLES):
+        table = getattr(m, name)
+        out[name] = sorted(table) if isinstance(table, set) else {k: fact(v) for k, v in table.items()}
+    return out
+
+
+def test_role_tables_known_empty_are_empty(models):
+    """A role table that the gates of roles.py (`_CAN_FILL`) answer without classifying is empty, and stays
+    so once the others are built: each table read first on its own, then all, equals every table built at
+    once (the gates forced open), on every in-repo script."""
+    from troubleshooter.lint.analysis.roles import _CAN_FILL
+
+    src = ("from torch.cuda.amp import GradScaler as GS\nfrom torch import autocast as ac\nimport functools\n"
+           "from torch.optim.lr_scheduler import StepLR as Later\ns = GS()\nctx = ac('cuda')\n"
+           "f = functools.partial(ac, 'cuda')\nw = Later(o, 3)\nm = Net().half()\n")
+    crafted = FileModel(parse(src), src)
+    assert crafted.scaler_ctor and crafted.autocast_vars and crafted.autocast_factories and crafted.scheduler_keys
+    gated = 0
+    for name, m in models + [("crafted", crafted)]:
+        fresh = FileModel(m.tree, m.source)
+        for table in _CAN_FILL:
+            if not _CAN_FILL[table](fresh):
+                gated += 1
+                assert not getattr(fresh, table), (name, table)
+        forced = FileModel(m.tree, m.source)
+        forced._classify_roles()
+        assert _role_facts(fresh) == _role_facts(forced), name
+    assert gated > 200  # the gates do say no
+
+
+def test_rules_needing_events_find_nothing_without_them(models):
+    """The engine skips a rule that declares `needs_events` on a file with no training-step event: run on
+    every in-repo script without events anyway, each such rule finds nothing."""
+    from troubleshooter.lint import lint_text
+    from troubleshooter.lint.rules import RULES
+
+    gated = [r for r in RULES if r.needs_events]
+    assert len(gated) >= 5
+    eventless = [(name, m) for name, m in models if not m.event_scopes]
+    assert len(eventless) > 20
+    for name, m in eventless:
+        for rule in gated:
+            assert list(rule.check(m)) == [], (name, rule.id)
+    for rule in gated:  # and where a file has events they run: each one's own bad example is still found
+        src = ROOT / "tests" / "fixtures" / "lint" / f"bad_{rule.id}.py"
+        assert rule.id in {f.rule for f in lint_text(src.read_text(), str(src)).findings}, rule.id
+
+
+def test_framework_questions_ask_only_their_adapters(models):
+    """`frameworks.of` searches only the adapters that can make a setup of the frameworks asked for: the
+    same setups, in the same order, as filtering every adapter's (and each adapter makes only its own)."""
+    from troubleshooter.lint import frameworks
+    from troubleshooter.lint.frameworks import adapters, frameworks_of
+
+    asked = [("accelerate",), ("fabric",), ("lightning", "fabric"), ("deepspeed",), ("fsdp1", "fsdp2"),
+             ("accelerate", "fabric", "hf_trainer"), ("accelerate", "fabric", "hf_trainer", "lightning")]
+    found = 0
+    for name, m in models:
+        fresh = FileModel(m.tree, m.source)
+        answers = [[id(s) for s in frameworks.of(fresh, *fws)] for fws in asked]  # before the full search
+        every = frameworks.setups(fresh)
+        assert answers == [[id(s) for s in every if s.framework in fws] for fws in asked], name
+        for a in adapters():
+            assert {s.framework for s in frameworks._found(fresh, a)} <= frameworks_of(a), (name, a.NAME)
+        found += len(every)
+    assert found > 50
+
+
+def test_light_walks_leave_call_names_for_later_and_find_them_all(models):
+    """A function walked only for its `with` regions (LightWalker) leaves its expressions' call names for the
+    first read of `calls`: the same names, regions and loops as the walk that scanned every expression."""
+    from troubleshooter.lint.analysis.walker import LightWalker
+
+    class _Eager(LightWalker):
+        _scan = Walker._call_names
+
+    checked = 0
+    for name, m in models:
+        for scope in m.scopes[1:]:
+            if scope.events:
+                continue
+            fresh = Scope(scope.node, scope.name, scope.cls, nograd_func=scope.nograd_func)
+            eager = _Eager(m, fresh).run(scope.node.body)
+            assert scope.calls == eager.calls, (name, scope.name)
+            assert [(a, id(w), g) for a, w, g in scope.regions] == [(a, id(w), g) for a, w, g in eager.regions]
+            assert [id(lp.node) for lp in scope.loops] == [id(lp.node) for lp in eager.loops], (name, scope.name)
+            checked += 1
+    assert checked > 500

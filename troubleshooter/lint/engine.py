@@ -137,7 +137,10 @@ def lint_unit(unit: SourceUnit, rules: list[Rule], read_configs: bool = False) -
         return report
     lines: list[str] | None = None  # split only when a rule hits
     seen = set()
+    eventless = not model.event_scopes
     for rule in rules:
+        if eventless and rule.needs_events:
+            continue  # it finds nothing without a training-step event (rules/base.py)
         try:
             hits = list(rule.check(model))
         except RecursionError:

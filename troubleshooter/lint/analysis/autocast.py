@@ -97,10 +97,8 @@ class AutocastResolution:
     @property
     def moves_to_cuda(self) -> bool:
         """The script puts something on a CUDA device (`.cuda()`, `.to("cuda")`, `device="cuda"`)."""
-        return self.memo.get(("moves_to_cuda",), lambda: any(
-            isinstance(n, ast.Call) and func_tail(n) == "cuda" for n in self.nodes) or any(
-            isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.split(":")[0] == "cuda"
-            for n in self.nodes))
+        return self.memo.get(("moves_to_cuda",), lambda: "cuda" in self.calls_by_tail() or any(
+            isinstance(n.value, str) and n.value.split(":")[0] == "cuda" for n in self.of_class(ast.Constant)))
 
     def resolve_device(self, node: ast.AST | None) -> tuple[str, bool]:
         """(device, conditional) of an autocast device argument; conditional when it may also be the CPU."""

@@ -187,11 +187,10 @@ class LazyScope(Scope):
 
     @property
     def calls(self) -> set[str]:
-        walk = self._walk
         if self._calls is None:
             self._calls = set()
-        if walk is not None:
-            self._walk = None
+        while self._walk is not None:  # a later walk may itself leave call names for later (walker.py)
+            walk, self._walk = self._walk, None
             walk(self)
         return self._calls
 

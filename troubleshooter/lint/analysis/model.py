@@ -12,7 +12,7 @@ from .autocast import Autocast, AutocastResolution
 from .events import LazyScope, Scope
 from .names import Names
 from .prefilter import defs_holding, event_capable_defs
-from .roles import Roles
+from .roles import ROLES, Roles
 from .walker import LightWalker, Walker
 
 
@@ -52,6 +52,18 @@ class Memo:
 class FileModel(Roles, AutocastResolution):
     """Everything rules ask about one file, computed once."""
 
+    # Built on first read (`__getattr__`, roles.py): the assignments, and the role tables.
+    assigns: dict[str, list[ast.AST]]  # key -> assigned values, in walk order
+    consts: dict[str, ast.AST]  # names assigned once -> the value
+    scaler_ctor: dict[str, list[ast.Call]]
+    optimizer_ctor: dict[str, list[ast.Call]]
+    scheduler_keys: set[str]
+    autocast_vars: dict[str, Autocast]
+    autocast_factories: dict[str, ast.Call]
+    halved: dict[str, ast.AST]
+    halved_pretrained: dict[str, ast.AST]
+    instances: dict[str, str]  # key -> local class name
+
     def __init__(self, tree: ast.Module, source: str):
         self.tree = tree
         self.source = source
@@ -62,27 +74,15 @@ class FileModel(Roles, AutocastResolution):
         self._by_class = by_class
         self._calls_index: dict[str, list[int]] | None = None  # calls_by_tail, built on first use
         self.names = Names(self.in_walk_order(self.of_class(ast.Import), self.of_class(ast.ImportFrom)))
-        self.assigns: dict[str, list[ast.AST]] = {}  # key -> assigned values
-        self.consts: dict[str, ast.AST] = {}
         self.functions: dict[str, list[ast.AST]] = {}
         self.classes: dict[str, ast.ClassDef] = {}
         self.parents_of_func: dict[int, ast.ClassDef] = {}
-        self.scaler_ctor: dict[str, list[ast.Call]] = {}
-        self.optimizer_ctor: dict[str, list[ast.Call]] = {}
-        self.scheduler_keys: set[str] = set()
-        self.autocast_vars: dict[str, Autocast] = {}
-        self.autocast_factories: dict[str, ast.Call] = {}
-        self.halved: dict[str, ast.AST] = {}
-        self.halved_pretrained: dict[str, ast.AST] = {}
         self.frozen: set[str] = set()
-        self.instances: dict[str, str] = {}  # key -> local class name
         self.scaler_method_keys: set[str] = set()
         self.scaler_passed: set[str] = set()
         self.scaler_named = False  # some name or attribute of the file holds "scaler" (roles.py)
         self._passed_to: list[tuple[str, str | None]] = []
         self.has_isfinite = False
-        self._round_trips: set[int] = set()
-        self._to_calls: list[tuple[str, ast.Call]] = []
         self.local_scaler_classes: set[str] = set()
         self._collect()
         self.scopes: list[Scope] = []
@@ -121,6 +121,15 @@ class FileModel(Roles, AutocastResolution):
         # LazyScope's later walk records none.
         self.event_scopes: list[Scope] = [s for s in self.scopes if s.events]
 
+    def __getattr__(self, name: str) -> Any:
+        """Only for attributes not set yet: a role table's first read (roles.py)."""
+        if name in ROLES:
+            return self._role_table(name)
+        if name in ("assigns", "consts"):
+            self._collect_assigns()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @cached_property
     def identifiers(self) -> set[str]:
         """Every name, attribute and def parameter of the file, lower-cased (keyword-argument names are not
@@ -131,11 +140,19 @@ class FileModel(Roles, AutocastResolution):
         for node in of(ast.FunctionDef) + of(ast.AsyncFunctionDef):
             args = node.args
             distinct.update(a.arg for a in args.args + args.kwonlyargs)
-        return {i.lower() for i in distinct}
+        return set(map(str.lower, distinct))
 
     @cached_property
     def _identifier_text(self) -> str:
         return "\n".join(self.identifiers)  # no name holds a newline: one substring search at C speed
+
+    def may_call_ending(self, suffix: str) -> bool:
+        """Some call's qualified function name (`names.qual(call.func)`) may end with `suffix`. A qualified
+        name ends in the function's own last name unless the function is a bare imported alias (see
+        `calls_resolving`), so this asks the call index's names and the aliases, not every call."""
+        return self.memo.get(("may_call_ending", suffix), lambda: any(t.endswith(suffix) for t in self.calls_by_tail())
+                             or any(local in self.calls_by_tail() and qual.endswith(suffix)
+                                    for local, qual in self.names.alias.items()))
 
     def may_name(self, word: str) -> bool:
         """Some name, attribute or def parameter of the file is `word` (lower-case)."""

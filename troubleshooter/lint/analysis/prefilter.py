@@ -67,6 +67,10 @@ def event_capable_defs(m: "FileModel", defs: list[ast.AST]) -> set[int]:
                     helper.append((calls[i].lineno, t))
     if m.may_name("grad"):  # False when no name or attribute is `grad`: most files have no `.grad`
         trig_lines += [a.lineno for a in m.of_class(ast.Attribute) if a.attr == "grad"]
+    if not trig_lines:  # no def has a trigger, so none is hot and no helper leads to one (most model files)
+        m.memo.put(EVENT_HELPERS, frozenset())
+        m.memo.put(EVENT_LINES, [])
+        return set()
     trig_lines.sort()
     helper.sort()
     helper_lines = [line for line, _ in helper]

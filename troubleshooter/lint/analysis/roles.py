@@ -15,6 +15,23 @@ _NOT_HANDING_ON = frozenset({"step", "unscale_", "scale", "update", "state_dict"
                              "isinstance"})
 _SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
 _OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
+# The role tables `Roles._classify_roles` and `Roles._find_half_models` build on first use.
+ROLES = frozenset({"scaler_ctor", "optimizer_ctor", "scheduler_keys", "autocast_vars", "autocast_factories",
+                   "halved", "halved_pretrained", "instances"})
+_HALF_TABLES = frozenset({"halved", "halved_pretrained"})
+
+
+# Role tables that only some calls can add to, and whether a file has one (`_classify_value`): a GradScaler
+# construction (qualified name ending "GradScaler"), an autocast object (ending "autocast"), and
+# `partial(autocast, ...)` (function name "partial", its first argument a name, attribute or alias ending
+# "autocast"), and a scheduler (a function name holding "sched", or a qualified name "lr_scheduler": a name,
+# an attribute or an import alias holds it). A model definition file has none of them.
+_CAN_FILL = {"scaler_ctor": lambda m: m.may_call_ending("GradScaler"),
+             "autocast_vars": lambda m: m.may_call_ending("autocast"),
+             "scheduler_keys": lambda m: m.may_name_part("sched") or any(
+                 "lr_scheduler" in qual for qual in m.names.alias.values()),
+             "autocast_factories": lambda m: "partial" in m.calls_by_tail() and (m.may_name_part("autocast") or any(
+                 qual.endswith("autocast") for qual in m.names.alias.values()))}
 
 
 class Roles:
@@ -26,16 +43,6 @@ class Roles:
         of = self.of_class
         self.scaler_named = scaler_names = self.may_name_part("scaler")
         self._collect_calls(scaler_names)
-        assign_counts: dict[str, int] = {}
-        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
-            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
-                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                    k = tail(sub)
-                    if k:
-                        self.assigns.setdefault(k, []).append(node.value)
-                        assign_counts[k] = assign_counts.get(k, 0) + 1
-                        if isinstance(sub, ast.Name):
-                            self.consts[k] = node.value
         for node in self.in_walk_order(of(ast.FunctionDef), of(ast.AsyncFunctionDef)):
             self.functions.setdefault(node.name, []).append(node)
         for node in of(ast.ClassDef):
@@ -45,17 +52,106 @@ class Roles:
                     self.parents_of_func[id(item)] = node
         # a scaler handed to code outside this file may be updated there
         self.scaler_passed = {k for k, t in self._passed_to if t not in self.functions}
-        # consts: names assigned exactly once, used to resolve dtype/device variables
-        self.consts = {k: v for k, v in self.consts.items() if assign_counts.get(k) == 1}
-        for base, node in self._to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
-            if any(self.dtype_of(a) in {"fp16", "bf16"}
-                   for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
-                self.halved.setdefault(base, node)
+
+    def _collect_assigns(self) -> None:
+        """`assigns` (key -> its assigned values, in walk order) and `consts` (names assigned exactly once, to
+        resolve dtype/device variables), on the first read of either (FileModel.__getattr__): a pass over
+        every assignment of the file that a model definition file, asked nothing about its names, skips."""
+        of = self.of_class
+        self.assigns = assigns = {}
+        consts: dict[str, ast.AST] = {}
+        assign_counts: dict[str, int] = {}
+        for node in self.in_walk_order(of(ast.Assign), [n for n in of(ast.AnnAssign) if n.value is not None]):
+            for t in (node.targets if node.__class__ is ast.Assign else [node.target]):
+                for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    k = tail(sub)
+                    if k:
+                        assigns.setdefault(k, []).append(node.value)
+                        assign_counts[k] = assign_counts.get(k, 0) + 1
+                        if isinstance(sub, ast.Name):
+                            consts[k] = node.value
+        self.consts = {k: v for k, v in consts.items() if assign_counts.get(k) == 1}
+
+    def _role_table(self, name: str):
+        """A role table on its first read: empty, without classifying anything, when no call of the file can
+        add to it (`_CAN_FILL`); else the half models (`_find_half_models`) or all the others, built at once.
+        A table known empty this way stays empty when the others are built later
+        (tests/test_lint_on_demand.py forces every gate open)."""
+        if name in _HALF_TABLES:
+            self._find_half_models()
+            return self.__dict__[name]
+        can_fill = _CAN_FILL.get(name)
+        if can_fill is not None and not can_fill(self):
+            table = self.__dict__[name] = set() if name == "scheduler_keys" else {}
+            return table
+        self._classify_roles()
+        return self.__dict__[name]
+
+    def _classify_roles(self) -> None:
+        """What each assigned name is (scaler, optimizer, scheduler, autocast object, instance of a local
+        class): the `ROLES` but the half models, built on the first read of one of them
+        (FileModel.__getattr__). A model definition file reads none of them (no step, no scaler, no autocast
+        variable), and building them was a tenth of a bare parse on such trees. They depend only on what
+        `_collect` gathered (names, assignments, constants, classes), so building them later gives what
+        building them first gave."""
+        self.scaler_ctor, self.optimizer_ctor, self.autocast_vars, self.autocast_factories = {}, {}, {}, {}
+        self.scheduler_keys, self.instances = set(), {}
         classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
         for k, values in self.assigns.items():
             for v in values:
                 if v.__class__ in classified:
                     self._classify_value(k, v)
+
+    def _find_half_models(self) -> None:
+        """`halved` and `halved_pretrained`, on the first read of either: the names cast to half (`x.half()`,
+        `.to(torch.float16)`, also through a dtype variable) or assigned a chain with a half link or float16
+        `from_pretrained` weights. Read by the rules about saving and training half weights, which ask
+        only once a file saves or trains something."""
+        self.halved = halved = {}
+        self.halved_pretrained = {}
+        round_trips: set[int] = set()
+        for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
+            r = receiver(node)
+            if isinstance(r, ast.Call) and func_tail(r) in _CASTS:
+                round_trips.add(id(r))
+        to_calls = []
+        for node in self.calls_named(*_CASTS):  # in walk order: the first cast of a base is kept
+            if id(node) in round_trips:
+                continue
+            base = chain_base(receiver(node))
+            if base and func_tail(node) == "to":
+                to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
+            elif base:
+                halved.setdefault(base, node)
+        for base, node in to_calls:  # `.to(dtype=weight_dtype)`: half only if weight_dtype is always half
+            if any(self.dtype_of(a) in {"fp16", "bf16"}
+                   for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
+                halved.setdefault(base, node)
+        classified = (ast.Call, ast.IfExp, ast.Await)
+        for k, values in self.assigns.items():
+            for v in values:
+                if v.__class__ in classified:
+                    self._half_links(k, v)
+
+    def _half_links(self, key: str, value: ast.AST) -> None:
+        """model = Net().half().cuda(): the first half link (or float16 `from_pretrained`) of an assigned chain."""
+        value = peel(value)
+        if isinstance(value, ast.IfExp):
+            for branch in (value.body, value.orelse):
+                self._half_links(key, branch)
+            return
+        link = value
+        while isinstance(link, ast.Call):
+            lt = func_tail(link)
+            if lt in {"half", "bfloat16"} or (lt == "to" and any(
+                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
+                self.halved.setdefault(key, link)
+                break
+            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
+                                               for k in link.keywords):
+                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
+                break
+            link = receiver(link)
 
     def _collect_calls(self, scaler_names: bool) -> None:
         """What calls of a few names say (finiteness checks, scaler methods, half casts, frozen weights),
@@ -69,18 +165,6 @@ class Roles:
             rk = tail(r) if r is not None else None
             if rk and "scal" in rk.lower():
                 self.scaler_method_keys.add(rk)
-        for node in self.calls_named("float"):  # model.half().float(): back in float32, before the casts are read
-            r = receiver(node)
-            if isinstance(r, ast.Call) and func_tail(r) in _CASTS:
-                self._round_trips.add(id(r))
-        for node in self.calls_named(*_CASTS):  # in walk order: the first cast of a base is kept
-            if id(node) in self._round_trips:
-                continue
-            base = chain_base(receiver(node))
-            if base and func_tail(node) == "to":
-                self._to_calls.append((base, node))  # judged once every assignment is known (dtype variables)
-            elif base:
-                self.halved.setdefault(base, node)
         for node in self.calls_named("requires_grad_"):
             r = receiver(node)
             if r is not None and node.args and is_false(node.args[0]):
@@ -118,18 +202,6 @@ class Roles:
             self.autocast_factories[key] = value
         if t in self.classes:
             self.instances[key] = t
-        link = value
-        while isinstance(link, ast.Call):  # model = Net().half().cuda(): any half link in the chain
-            lt = func_tail(link)
-            if lt in {"half", "bfloat16"} or (lt == "to" and any(
-                    self.dtype_of(a) in {"fp16", "bf16"} for a in list(link.args) + [k.value for k in link.keywords])):
-                self.halved.setdefault(key, link)
-                break
-            if lt == "from_pretrained" and any(k.arg in {"torch_dtype", "dtype"} and self.dtype_of(k.value) == "fp16"
-                                               for k in link.keywords):
-                self.halved_pretrained.setdefault(key, link)  # float16 weights loaded straight from a hub
-                break
-            link = receiver(link)
         inner = receiver(value)
         while isinstance(inner, ast.Call):  # model = Net().to(device) -> instance of Net
             if func_tail(inner) in self.classes:
@@ -163,6 +235,8 @@ class Roles:
             return False
         if key in self.scaler_ctor:
             return True
+        if key not in self.scaler_method_keys and "scaler" not in key.lower():
+            return False  # no test below can pass: the origin (read from the assignments) is not asked
         if self.scaler_origin(key) == "other":
             return False  # e.g. fairseq's DynamicLossScaler: its own scale()/update(), not torch's protocol
         if key in self.scaler_method_keys:
@@ -185,7 +259,7 @@ class Roles:
         return "dynamic" if "dynamic" in states or len(states) > 1 else (states.pop() if states else "yes")
 
     def is_scheduler(self, key: str | None) -> bool:
-        return bool(key) and (key in self.scheduler_keys or bool(SCHED_NAME_RE.search(key)))
+        return bool(key) and (bool(SCHED_NAME_RE.search(key)) or key in self.scheduler_keys)
 
     def is_optimizer(self, key: str | None) -> bool:
         if not key or self.is_scheduler(key) or self.is_scaler(key):

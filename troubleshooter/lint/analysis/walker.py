@@ -388,7 +388,11 @@ class LightWalker(Walker):
     regions and call names, without looking at what each call does (no branch keys, no guards)."""
 
     _exprs = Walker._call_names
-    _scan = Walker._call_names
+
+    def _scan(self, node: ast.AST, ctx) -> None:
+        """Only call names, and those left for the first read of `scope.calls` (few rules read a model
+        function's): most of this walk is the expressions of functions walked only for their `with` regions."""
+        self._deferred.append(node)
 
     @staticmethod
     def _cond_key(test: ast.AST) -> tuple[str, bool]:

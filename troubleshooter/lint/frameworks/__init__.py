@@ -62,17 +62,37 @@ def adapters():
 
 
 def setups(m) -> list[Setup]:
-    """Every framework setup in the file (memoised on the FileModel)."""
-    def compute():
-        out: list[Setup] = []
-        for a in adapters():
-            out += sorted(a.find(m), key=lambda s: (getattr(s.node, "lineno", 0), getattr(s.node, "col_offset", 0)))
-        return out
-    return m.memo.get(("framework_setups",), compute)
+    """Every framework setup in the file, adapter by adapter (memoised on the FileModel)."""
+    return m.memo.get(("framework_setups",), lambda: [s for a in adapters() for s in _found(m, a)])
 
 
 def of(m, *frameworks: str) -> list[Setup]:
-    return [s for s in setups(m) if s.framework in frameworks]
+    """The setups of these frameworks, in `setups` order. Only the adapters that can make one are asked: a
+    model file with no training code would otherwise pay every adapter's search for a question about one."""
+    return list(m.memo.get(("framework_setups_of", frameworks), lambda: [
+        s for a in _adapters_for(frameworks) for s in _found(m, a) if s.framework in frameworks]))
+
+
+_ADAPTERS_FOR: dict[tuple[str, ...], tuple] = {}
+
+
+def _adapters_for(frameworks: tuple[str, ...]) -> tuple:
+    """The adapters, in `adapters()` order, that can make a setup of one of these frameworks."""
+    found = _ADAPTERS_FOR.get(frameworks)
+    if found is None:
+        found = _ADAPTERS_FOR[frameworks] = tuple(a for a in adapters() if not frameworks_of(a).isdisjoint(frameworks))
+    return found
+
+
+def frameworks_of(adapter) -> frozenset:
+    """The `Setup.framework` names an adapter's `find` gives (its NAME; fsdp: fsdp1 and fsdp2)."""
+    return getattr(adapter, "FRAMEWORKS", None) or frozenset({adapter.NAME})
+
+
+def _found(m, adapter) -> list[Setup]:
+    """One adapter's setups in source order, searched once per file."""
+    return m.memo.get(("framework_setups", adapter.NAME), lambda: sorted(
+        adapter.find(m), key=lambda s: (getattr(s.node, "lineno", 0), getattr(s.node, "col_offset", 0))))
 
 
 def owner(m, recv: str | None, scope) -> Setup | None:
@@ -95,8 +115,11 @@ def by_keys(candidates: list[Setup], recv: str | None, scope) -> Setup | None:
 
 
 def imports(m, *prefixes: str) -> bool:
-    """The file imports a module starting with one of `prefixes` (`accelerate`, `lightning`)."""
-    return any(qual == p or qual.startswith(p + ".") for _, _, qual in m.names.imports for p in prefixes)
+    """The file imports a module starting with one of `prefixes` (`accelerate`, `lightning`): `qual == p or
+    qual.startswith(p + ".")` for an import's qualified name, i.e. `p` is one of its dotted heads."""
+    heads = m.memo.get(("import_heads",), lambda: {qual.rsplit(".", k)[0] for _, _, qual in m.names.imports
+                                                   for k in range(qual.count(".") + 1)})
+    return any(p in heads for p in prefixes)
 
 
 def prepared_entries(m, keys: set[str], methods: set[str]) -> list[tuple[str, int, bool]]:

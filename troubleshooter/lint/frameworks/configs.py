@@ -167,6 +167,10 @@ class Configs:
         self._beside: list[ConfigFile] | None = None
         self._named: dict[str, ConfigFile | None] = {}
 
+    def may_have_beside(self) -> bool:
+        """Some config file name is in the folder (`beside` is empty otherwise): a listing, no file read."""
+        return bool(self.folder and _config_names(self.folder))
+
     def beside(self) -> list[ConfigFile]:
         if self._beside is None:
             self._beside = []

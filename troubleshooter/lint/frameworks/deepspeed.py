@@ -149,7 +149,9 @@ def configs(m) -> list[DSConfig]:
             cfg = configs_of(m).named(named) if isinstance(named, str) else None
             if cfg is not None and anchor is not None and imports(m, "accelerate"):
                 add(DSConfig(cfg.data, anchor, cfg, beside=True))
-        if anchor is not None and (uses_deepspeed(m) or imports(m, "transformers", "trl", "accelerate")):
+        # the folder's listing first: with no config file beside the script, whether it uses DeepSpeed is not asked
+        if anchor is not None and configs_of(m).may_have_beside() and (
+                uses_deepspeed(m) or imports(m, "transformers", "trl", "accelerate")):
             # `--deepspeed ds_config.json` / `accelerate launch --deepspeed_config_file`: a DeepSpeed JSON beside
             # a Trainer or Accelerate script is probably the one it runs with (a warning, never an error)
             for cfg in configs_of(m).of_kind("deepspeed"):

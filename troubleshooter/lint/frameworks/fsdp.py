@@ -25,6 +25,7 @@ from . import BF16, FP16, FP32, Setup, of
 from .values import LITERAL, NOTHING, Value
 
 NAME = "fsdp"
+FRAMEWORKS = frozenset({"fsdp1", "fsdp2"})  # the names of its setups (frameworks.of)
 
 
 def _policy_dtype(m, node: ast.AST | None, ctor: str) -> tuple[str, ast.AST | None]:

@@ -84,7 +84,8 @@ def _named_strings(m) -> list[tuple[str, int | None, str]]:
                 add(node.value.value, node.lineno, f"`{node.targets[0].id}`" if isinstance(node.targets[0], ast.Name) else "")
         from . import setups
         from .configs import configs_of
-        for cfg in (configs_of(m).beside() if setups(m) else []):  # a framework script's folder only
+        configs = configs_of(m)  # a framework script's folder only; the folder's listing first (no setup search)
+        for cfg in (configs.beside() if configs.may_have_beside() and setups(m) else []):
             for key in ("model_name_or_path", "model_name", "base_model", "pretrained_model_name_or_path"):
                 v = cfg.get(key)
                 if isinstance(v, str):

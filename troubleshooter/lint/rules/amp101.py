@@ -14,6 +14,7 @@ def optimizer_text(scope) -> str | None:
 
 class ClipBeforeUnscale(Rule):
     id = "AMP101"
+    needs_events = True
     name = "clip-before-unscale"
     severity = "error"
     summary = "Gradient clipping after `scaler.scale(loss).backward()` without `scaler.unscale_(optimizer)` first."

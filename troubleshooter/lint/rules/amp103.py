@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class Fp16WithoutScaler(Rule):
     id = "AMP103"
+    needs_events = True
     name = "fp16-without-scaler"
     severity = "error"
     summary = ("float16 autocast (explicit `dtype=torch.float16`, or CUDA autocast with no dtype) in a training "

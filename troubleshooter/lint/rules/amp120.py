@@ -35,13 +35,13 @@ class MyOp(torch.autograd.Function):
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Autocast and custom autograd functions)',)
 
     def check(self, m):
-        uses_autocast = bool(m.autocast_vars or m.autocast_factories) or any(s.regions for s in m.scopes)
-        if not uses_autocast:
+        functions = [cls for cls in m.classes.values() if any(
+            (m.names.qual(b) or "").endswith("autograd.Function") or
+            ((m.names.qual(b) or "") == "Function" and tail(b) == "Function") for b in cls.bases)]
+        # asked second: autocast variables are a role table (roles.py), built only for the files that need one
+        if not functions or not (any(s.regions for s in m.scopes) or m.autocast_vars or m.autocast_factories):
             return
-        for cls in m.classes.values():
-            if not any((m.names.qual(b) or "").endswith("autograd.Function") or
-                       ((m.names.qual(b) or "") == "Function" and tail(b) == "Function") for b in cls.bases):
-                continue
+        for cls in functions:
             methods = {d.name: d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
             missing = [name for name, deco in (("forward", "custom_fwd"), ("backward", "custom_bwd"))
                        if name in methods and not any(deco in (m.names.qual(d.func if isinstance(d, ast.Call) else d) or "")

@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class HalfCheckpoint(Rule):
     id = "AMP124"
+    needs_events = True
     name = "half-checkpoint"
     severity = "warning"
     summary = "Saving a half-precision state dict (after `.half()`) as a training checkpoint."
@@ -26,8 +27,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "
     references = ('https://pytorch.org/docs/stable/notes/amp_examples.html (Saving/resuming)',)
 
     def check(self, m):
-        if not m.halved:
-            return
+        if not any(s.of(SAVE) for s in m.event_scopes) or not m.halved:
+            return  # nothing saved (most files): the half models, a role table (roles.py), are not asked for
         trained = trained_half_models(m)
         for s in m.event_scopes:
             for e in s.of(SAVE):

@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class BackwardBeforeOtherOptimizerSteps(Rule):
     id = "AMP126"
+    needs_events = True
     name = "backward-before-other-optimizer-steps"
     severity = "warning"
     summary = ("A second backward (another model's loss, e.g. a GAN generator's) runs before the optimizer of the "
@@ -55,6 +56,8 @@ scaler.update()
                   "generator's backward)")
 
     def check(self, m):
+        if not any(s.of(ZERO_GRAD) for s in m.event_scopes):
+            return  # no zero_grad: the optimizers' owners (a role table, roles.py) are not asked for
         owner = self._owners(m)
         for s in m.event_scopes:
             events = s.events

@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class ScalerNeverScales(Rule):
     id = "AMP127"
+    needs_events = True
     name = "scaler-never-scales"
     severity = "error"
     summary = ("A GradScaler whose `update()` or `unscale_()` runs although nothing in the file scales a loss with "

@@ -106,6 +106,8 @@ for batch in loader:
                    None if sev == self.severity else sev)
 
     def _on_after_backward(self, m, seen):
+        if "on_after_backward" not in m.by_name:
+            return  # the only scopes read below: the Lightning classes need not be searched
         classes = lightning.module_classes(m) | lightning.callback_classes(m)
         if not classes:
             return

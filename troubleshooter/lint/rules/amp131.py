@@ -17,6 +17,7 @@ def _sync_guarded(e) -> bool:
 
 class FrameworkUnscaleTwice(Rule):
     id = "AMP131"
+    needs_events = True
     name = "framework-unscale-twice"
     severity = "error"
     summary = ("A framework's unscale or clip (`accelerator.clip_grad_norm_`, `accelerator.unscale_gradients`, "

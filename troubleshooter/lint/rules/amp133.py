@@ -23,6 +23,7 @@ def _guarded(e) -> bool:
 
 class FrameworkSchedulerOnSkippedStep(Rule):
     id = "AMP133"
+    needs_events = True
     name = "framework-scheduler-on-skipped-step"
     severity = "warning"
     summary = ("A per-step LR scheduler stepped after a framework optimizer step that float16 loss scaling may have "

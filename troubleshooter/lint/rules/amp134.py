@@ -18,6 +18,7 @@ _FIX = {"accelerate": "save with `accelerator.save_state(output_dir)` and resume
 
 class FrameworkCheckpointDropsScaler(Rule):
     id = "AMP134"
+    needs_events = True
     name = "framework-checkpoint-drops-scaler"
     severity = "warning"
     summary = ("A hand-written resumable checkpoint (model + optimizer state) under Accelerate, Fabric or DeepSpeed "

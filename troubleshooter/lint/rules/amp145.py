@@ -54,9 +54,8 @@ model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, load
         yield from self._trainer(m)
 
     def _accelerate(self, m):
-        fused = fused_optimizers(m)
         setups = frameworks.of(m, "accelerate")
-        if not fused or not setups:
+        if not setups or not (fused := fused_optimizers(m)):  # no Accelerate setup: no optimizer is asked for
             return
         for call in fused:
             scope = m.scope_of(call)

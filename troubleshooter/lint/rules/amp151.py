@@ -7,6 +7,7 @@ from .base import Hit, Rule
 
 class DdpAccumulationWithoutNoSync(Rule):
     id = "AMP151"
+    needs_events = True
     name = "ddp-accumulation-without-no-sync"
     severity = "warning"
     summary = ("Gradient accumulation on a DDP model where no micro-step runs under `model.no_sync()`: every "

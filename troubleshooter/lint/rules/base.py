@@ -42,6 +42,10 @@ class Rule:
     known_problems: str = ""  # where the rule is known to miss or over-report
     fix_safety: str = ""  # for rules with a mechanical fix: when it is applied and why that is safe
     references: tuple[str, ...] = ()
+    # Every hit comes from a training-step event (`m.event_scopes`): the engine does not run the rule on a
+    # file without one (most files of a real tree define models). tests/test_lint_on_demand.py runs each
+    # such rule on every in-repo script without events anyway and checks it finds nothing.
+    needs_events: bool = False
 
     def check(self, m: FileModel) -> Iterator[Hit]:  # pragma: no cover - every rule overrides
         raise NotImplementedError
