@@ -19,6 +19,19 @@ _OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
 ROLES = frozenset({"scaler_ctor", "optimizer_ctor", "scheduler_keys", "autocast_vars", "autocast_factories",
                    "halved", "halved_pretrained", "instances"})
 _HALF_TABLES = frozenset({"halved", "halved_pretrained"})
+# The assigned values the role passes read: only these can be or hold a call (`_outcomes`)
+_CALL_VALUES = (ast.Call, ast.IfExp, ast.Await)
+
+
+def _outcomes(value: ast.AST):
+    """What an assigned value can turn out to be: each branch of an if-expression, each with its
+    `await` peeled (`x = A() if c else await B()` -> A(), B())."""
+    value = peel(value)
+    if isinstance(value, ast.IfExp):
+        yield from _outcomes(value.body)
+        yield from _outcomes(value.orelse)
+    else:
+        yield value
 
 
 # Role tables that only some calls can add to, and whether a file has one (`_classify_value`): a GradScaler
@@ -96,10 +109,9 @@ class Roles:
         building them first gave."""
         self.scaler_ctor, self.optimizer_ctor, self.autocast_vars, self.autocast_factories = {}, {}, {}, {}
         self.scheduler_keys, self.instances = set(), {}
-        classified = (ast.Call, ast.IfExp, ast.Await)  # `_classify_value` does nothing with any other value
         for k, values in self.assigns.items():
             for v in values:
-                if v.__class__ in classified:
+                if v.__class__ in _CALL_VALUES:
                     self._classify_value(k, v)
 
     def _find_half_models(self) -> None:
@@ -127,20 +139,17 @@ class Roles:
             if any(self.dtype_of(a) in {"fp16", "bf16"}
                    for a in list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]):
                 halved.setdefault(base, node)
-        classified = (ast.Call, ast.IfExp, ast.Await)
         for k, values in self.assigns.items():
             for v in values:
-                if v.__class__ in classified:
+                if v.__class__ in _CALL_VALUES:
                     self._half_links(k, v)
 
     def _half_links(self, key: str, value: ast.AST) -> None:
         """model = Net().half().cuda(): the first half link (or float16 `from_pretrained`) of an assigned chain."""
-        value = peel(value)
-        if isinstance(value, ast.IfExp):
-            for branch in (value.body, value.orelse):
-                self._half_links(key, branch)
-            return
-        link = value
+        for link in _outcomes(value):
+            self._half_link(key, link)
+
+    def _half_link(self, key: str, link: ast.AST) -> None:
         while isinstance(link, ast.Call):
             lt = func_tail(link)
             if lt in {"half", "bfloat16"} or (lt == "to" and any(
@@ -179,13 +188,11 @@ class Roles:
                     self._passed_to.append((k, t))
 
     def _classify_value(self, key: str, value: ast.AST) -> None:
-        value = peel(value)
-        if isinstance(value, ast.IfExp):
-            for branch in (value.body, value.orelse):
-                self._classify_value(key, branch)
-            return
-        if not isinstance(value, ast.Call):
-            return
+        for outcome in _outcomes(value):
+            if isinstance(outcome, ast.Call):
+                self._classify_call(key, outcome)
+
+    def _classify_call(self, key: str, value: ast.Call) -> None:
         q = self.names.qual(value.func) or ""
         t = func_tail(value) or ""
         if t in {"GradScaler", "ShardedGradScaler"} or q.endswith("GradScaler"):
