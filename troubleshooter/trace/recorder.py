@@ -487,8 +487,13 @@ class Recorder:
         """What scaler.update() changes in the protocol state (both paths)."""
         self.update_mark[id(scaler)] = self.steps
         self.scaler_stepped_since_update[id(scaler)] = False
-        for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
-            del self.scaler_stage[key]
+        stage, sid = self.scaler_stage, id(scaler)
+        if len(stage) == 1:  # one optimizer's stage, the usual case: no comprehension (a call) to find it
+            if next(iter(stage))[0] == sid:
+                stage.clear()
+        else:
+            for key in [k for k in stage if k[0] == sid]:
+                del stage[key]
         if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
             self.series[-1]["scale_after"] = after
         pending = self._fused_pending.pop(id(scaler), None)
