@@ -65,7 +65,7 @@ def install(rec: Recorder) -> Installed:
 
     def optimizer_post(opt, args, kwargs):  # the step's close: timed on every step (rec.timing)
         started = perf_counter()
-        frame = rec.in_scaler_step[-1] if rec.in_scaler_step else None  # Recorder.on_optimizer_post, inlined
+        frame = rec.in_scaler_step[-1] if rec.in_scaler_step else None  # inside an enabled scaler.step(): via it
         if frame is not None and frame["enabled"]:
             rec.complete_step(False, True, frame["scaler"])
         else:
