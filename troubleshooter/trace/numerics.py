@@ -233,14 +233,16 @@ class Numerics:
         return None
 
     def _end_outside(self, rec: Recorder) -> None:
-        self.outside.disarm()
+        if self.outside.armed or self.outside._pushed:  # else disarm() has nothing to do (every step)
+            self.outside.disarm()
         if not rec.created_at:  # no optimizer (weights updated by hand): no step will read them
             self.outside.clear()
 
     def _check_outside(self, rec: Recorder, optimizer=None) -> None:
         """Before the optimizer writes: if the step's loss is not finite, which recorded op made it
         (with --nan also: finite loss, non-finite gradients, which op's derivative made them)."""
-        self.outside.disarm()
+        if self.outside.armed or self.outside._pushed:  # else disarm() has nothing to do (every step)
+            self.outside.disarm()
         if self.outside_event is None and not self.outside.records and rec.recording_steady():
             loss = rec.peek_loss()  # read for the step record anyway: no second sync
             if loss is not None and not math.isfinite(loss):

@@ -65,7 +65,11 @@ def install(rec: Recorder) -> Installed:
 
     def optimizer_post(opt, args, kwargs):  # the step's close: timed on every step (rec.timing)
         started = perf_counter()
-        rec.on_optimizer_post(opt)
+        frame = rec.in_scaler_step[-1] if rec.in_scaler_step else None  # inside an enabled scaler.step(): via it
+        if frame is not None and frame["enabled"]:
+            rec.complete_step(False, True, frame["scaler"])
+        else:
+            rec.complete_step(False, False)
         rec.close_s = perf_counter() - started
         rec.own_s += rec.close_s
 
@@ -140,10 +144,13 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             started = perf_counter() if rec.timing else 0.0
             if rec.fast:  # the steady fast path (recorder): the template's next call, from the same place
                 t, caller = rec._tpl[rec._pos], _getframe(1)
+                known = rec._known_optimizers.get(id(optimizer))  # an enabled stock GradScaler, an optimizer known already
                 if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.unscale_" \
-                        and rec._usual(self, optimizer):
+                        and known is not None and known() is optimizer and rec.device_seen is not None \
+                        and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED:
                     key, backwards = (id(self), id(optimizer)), rec.backwards
-                    if key not in rec.scaler_stage and (not backwards or _any_scaled(backwards)):  # AMP112/113/115
+                    if key not in rec.scaler_stage and (not backwards or backwards[-1]["scaled"]
+                                                        or _any_scaled(backwards)):  # AMP112/113/115
                         rec.scaler_stage[key] = "unscaled"
                         rec.unscaled_optimizers.append(optimizer)
                         rec._pos += 1
@@ -162,10 +169,13 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             frame = None
             if rec.fast:
                 t, caller = rec._tpl[rec._pos], _getframe(1)
+                known = rec._known_optimizers.get(id(optimizer))  # an enabled stock GradScaler, an optimizer known already
                 if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.step" \
-                        and not rec.stop_pending and rec.scaler_step_where is not None and rec._usual(self, optimizer) \
+                        and not rec.stop_pending and rec.scaler_step_where is not None \
+                        and known is not None and known() is optimizer and rec.device_seen is not None \
+                        and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED \
                         and rec.scaler_stage.get((id(self), id(optimizer))) != "stepped" and not _any_autocast() \
-                        and (not rec.backwards or _any_scaled(rec.backwards)):  # AMP113, AMP105, AMP115
+                        and (not rec.backwards or rec.backwards[-1]["scaled"] or _any_scaled(rec.backwards)):  # AMP113/105/115
                     if rec.before_update is not None:
                         rec.before_update(rec, optimizer)
                     rec._pos += 1
@@ -187,8 +197,14 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
     def make_update(orig):
         def update(self, new_scale=None):
             started = perf_counter() if rec.timing else 0.0
-            before = rec.scale_of(self)
-            rec.on_scaler_update_pre(self)
+            read = rec._scale_read  # scale_of's remembered read, its usual answer without the call
+            if read is not None and getattr(self, "_scale", None) is read[0] and read[0]._version == read[1] \
+                    and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED:
+                before = read[2]
+            else:
+                before = rec.scale_of(self)
+            if not rec.scaler_stepped_since_update.get(id(self), False):  # the usual case (a step since) asks nothing
+                rec.on_scaler_update_pre(self)
             if started:
                 rec.own_s += perf_counter() - started
             out = orig(self, new_scale)

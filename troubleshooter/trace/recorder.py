@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 import weakref
+from functools import partial
 from time import perf_counter
 from typing import Any, Callable
 
@@ -396,7 +397,8 @@ class Recorder:
             # kept beside the tensor, not on it: an attribute would travel with it into pickle
             key, table = id(out), self.scaled_outputs
             try:
-                table[key] = (weakref.ref(out, lambda _, key=key: table.pop(key, None)), weakref.ref(scaler))
+                # the callback is table.pop(key, the dead ref) in C: no Python call when the output goes
+                table[key] = (weakref.ref(out, partial(table.pop, key)), weakref.ref(scaler))
             except TypeError:
                 pass
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -485,8 +487,13 @@ class Recorder:
         """What scaler.update() changes in the protocol state (both paths)."""
         self.update_mark[id(scaler)] = self.steps
         self.scaler_stepped_since_update[id(scaler)] = False
-        for key in [k for k in self.scaler_stage if k[0] == id(scaler)]:
-            del self.scaler_stage[key]
+        stage, sid = self.scaler_stage, id(scaler)
+        if len(stage) == 1:  # one optimizer's stage, the usual case: no comprehension (a call) to find it
+            if next(iter(stage))[0] == sid:
+                stage.clear()
+        else:
+            for key in [k for k in stage if k[0] == sid]:
+                del stage[key]
         if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
             self.series[-1]["scale_after"] = after
         pending = self._fused_pending.pop(id(scaler), None)
@@ -559,11 +566,6 @@ class Recorder:
         if self.before_step is not None and not (self.in_scaler_step and self.in_scaler_step[-1]["enabled"]):
             self.before_step(self, optimizer)  # no GradScaler checked these gradients
 
-    def on_optimizer_post(self, optimizer) -> None:
-        frame = self.in_scaler_step[-1] if self.in_scaler_step else None
-        via = frame is not None and frame["enabled"]
-        self.complete_step(skipped=False, via_scaler=via, scaler=frame["scaler"] if via else None)
-
     def _check_autocast_at_step(self, ev: dict) -> None:
         ac = _autocast_now()
         if ac is not None and "AMP105" not in self.step_flagged and not self._frameworks_autocast():
@@ -607,7 +609,14 @@ class Recorder:
             rec["steady"] = True
             self.steady_steps += 1
         untimed, window_s = self._interval_untimed, self.own_s - self._own_at_mark - self.close_s
-        on_template = self._judge_steady(rec)
+        entry = self._timeline[-1]
+        # a window that followed the template throughout, with one optimizer: judged without comparing
+        on_template = self.fast and self._tpl[self._pos] is _TEMPLATE_END and len(self._known_optimizers) <= 1 \
+            and (entry["dropped_events"], self._autocast_enters) == self._tpl_window[-1]
+        if on_template:
+            self._judge_on_template(rec, entry)
+        elif self.steady_after:
+            self._judge_steady(rec)
         if untimed:  # its wrappers' time is the sample's (a deviation mid-way is timed from there on, and added)
             self.own_s += self._sample_s
             self.sampled_steps += 1
@@ -632,32 +641,19 @@ class Recorder:
             if self.on_stop_pending is not None:
                 self.on_stop_pending()
 
-    def _judge_steady(self, rec: dict) -> bool:
+    def _judge_steady(self, rec: dict) -> None:
         """Whether the next step may run in steady state: this step was clean (finite loss, not
         skipped, scale not lower) and its pattern (the events since the previous step: kinds,
         places, dtypes, autocast state, counts) equals the one a period back (one step, or one
-        per optimizer when several take turns) for STEADY_AFTER steps in a row. True: the window
-        followed the template throughout (and was judged without comparing)."""
-        if not self.steady_after:
-            return False
+        per optimizer when several take turns) for STEADY_AFTER steps in a row. A window that
+        followed the template throughout goes to _judge_on_template instead (complete_step)."""
         entry = self._timeline[-1]
-        if self.fast and self._tpl[self._pos] is _TEMPLATE_END and len(self._known_optimizers) <= 1 \
-                and (entry["dropped_events"], self._autocast_enters) == self._tpl_window[-1]:
-            self._judge_on_template(rec, entry)
-            return True
         counts = (entry["dropped_events"], self._autocast_enters)
         calls, self._calls = self._calls, []
         period = max(1, min(len(self._known_optimizers), 4))
-        # every event of the window was the template's (the loss scale's values aside), in order
-        on_template = (self.fast and self._tpl[self._pos] is _TEMPLATE_END and period == 1
-                       and counts == self._tpl_window[-1])
-        if on_template:
-            window = self._tpl_window
-            self.fast_steps += 1
-        else:
-            prev = self._timeline[-2] if len(self._timeline) > 1 else None
-            window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
-            window.append(counts)
+        prev = self._timeline[-2] if len(self._timeline) > 1 else None
+        window = prev["events"][self._trailing_from:] + entry["events"] if prev is not None else list(entry["events"])
+        window.append(counts)
         self._trailing_from = len(entry["events"])
         self._autocast_enters = 0
         last = self.series[-1] if self.series else None
@@ -666,7 +662,7 @@ class Recorder:
                  and (last is None or scale == last["scale"]
                       or scale is not None and last["scale"] is not None and scale > last["scale"]))
         windows = self._windows
-        same = on_template or len(windows) >= period and _same_pattern(windows[-period], window)
+        same = len(windows) >= period and _same_pattern(windows[-period], window)
         windows.append(window)
         if len(windows) > 4:
             del windows[0]
@@ -678,15 +674,13 @@ class Recorder:
         # the next window may follow this one (its template) when steady with one optimizer, every
         # event of this one is in `calls` (none dropped, none taken from a template), and the
         # timeline has room for all of the next window's events (its first ones join this step's)
-        if self.steady and period == 1 and (on_template or len(calls) == len(window) - 1 and not counts[0]):
-            if not on_template:
-                self._tpl, self._tpl_window = [_with_fast_key(t) for t in calls] + [_TEMPLATE_END], window
-                split = next((i for i, t in enumerate(calls) if t[0] not in TRAILING), len(calls))
-                self._tpl_head, self._tpl_tail = [t[3] for t in calls[:split]], [t[3] for t in calls[split:]]
+        if self.steady and period == 1 and len(calls) == len(window) - 1 and not counts[0]:
+            self._tpl, self._tpl_window = [_with_fast_key(t) for t in calls] + [_TEMPLATE_END], window
+            split = next((i for i, t in enumerate(calls) if t[0] not in TRAILING), len(calls))
+            self._tpl_head, self._tpl_tail = [t[3] for t in calls[:split]], [t[3] for t in calls[split:]]
             self.fast = len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
         else:
             self.fast = False
-        return False
 
     def _judge_on_template(self, rec: dict, entry: dict) -> None:
         """_judge_steady for a window whose every event was the template's, in order (the loss
@@ -774,7 +768,11 @@ class Recorder:
 
     def _step_loss(self) -> float | str | None:
         """The (unscaled) loss of the step as a number; one host sync, once per step."""
-        value = self.peek_loss()
+        read, losses = self._loss_read, self.losses
+        if read is not None and losses and read[0] is losses[-1] and read[1] == read[0]._version:
+            value = read[2]  # peek_loss's remembered read (numerics asked before the optimizer wrote)
+        else:
+            value = self.peek_loss()
         self.losses = []
         self._loss_read = None
         if value is None:
@@ -883,12 +881,6 @@ class Recorder:
             timeline[-1]["events"].append(ev)
         self._flushed = self._pos
 
-    def _usual(self, scaler, optimizer) -> bool:
-        """An enabled GradScaler with torch's own is_enabled(), and an optimizer _note_optimizer
-        knows already (it would return at once)."""
-        known = self._known_optimizers.get(id(optimizer))
-        return (known is not None and known() is optimizer and self.device_seen is not None
-                and getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED)
 
 
 def _with_fast_key(t: tuple) -> tuple:
