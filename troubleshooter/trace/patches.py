@@ -197,12 +197,7 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
     def make_update(orig):
         def update(self, new_scale=None):
             started = perf_counter() if rec.timing else 0.0
-            read = rec._scale_read  # scale_of's remembered read, its usual answer without the call
-            if read is not None and getattr(self, "_scale", None) is read[0] and read[0]._version == read[1] \
-                    and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED:
-                before = read[2]
-            else:
-                before = rec.scale_of(self)
+            before = rec.scale_of(self)  # its remembered read, in the usual case: no device read
             if not rec.scaler_stepped_since_update.get(id(self), False):  # the usual case (a step since) asks nothing
                 rec.on_scaler_update_pre(self)
             if started:

@@ -656,21 +656,9 @@ class Recorder:
         window.append(counts)
         self._trailing_from = len(entry["events"])
         self._autocast_enters = 0
-        last = self.series[-1] if self.series else None
-        scale = rec["scale"]
-        clean = (not rec["skipped"] and type(rec["loss"]) is float and math.isfinite(rec["loss"])
-                 and (last is None or scale == last["scale"]
-                      or scale is not None and last["scale"] is not None and scale > last["scale"]))
         windows = self._windows
         same = len(windows) >= period and _same_pattern(windows[-period], window)
-        windows.append(window)
-        if len(windows) > 4:
-            del windows[0]
-        self._steady_run = 0 if not clean else self._steady_run + 1 if same else 1
-        self.steady = self._steady_run >= self.steady_after
-        self._pos = self._flushed = 0
-        if self._fast_vals:
-            self._fast_vals = {}
+        self._close_window(window, _clean_step(rec, self.series[-1] if self.series else None), same)
         # the next window may follow this one (its template) when steady with one optimizer, every
         # event of this one is in `calls` (none dropped, none taken from a template), and the
         # timeline has room for all of the next window's events (its first ones join this step's)
@@ -689,21 +677,21 @@ class Recorder:
         self._calls = []
         self._trailing_from = len(entry["events"])
         self._autocast_enters = 0
-        last, scale, loss = self.series[-1], rec["scale"], rec["loss"]
+        self._close_window(self._tpl_window, _clean_step(rec, self.series[-1]), True)
+        self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
+
+    def _close_window(self, window: list, clean: bool, same: bool) -> None:
+        """What both judgements end with: the window kept (the last four), the run of clean equal
+        steps counted, and the template rewound for the next window."""
         windows = self._windows
-        windows.append(self._tpl_window)
+        windows.append(window)
         if len(windows) > 4:
             del windows[0]
-        if not rec["skipped"] and type(loss) is float and math.isfinite(loss) and (
-                scale == last["scale"] or scale is not None and last["scale"] is not None and scale > last["scale"]):
-            self._steady_run += 1
-        else:
-            self._steady_run = 0
+        self._steady_run = 0 if not clean else self._steady_run + 1 if same else 1
         self.steady = self._steady_run >= self.steady_after
         self._pos = self._flushed = 0
         if self._fast_vals:
             self._fast_vals = {}
-        self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
 
     def recording_steady(self) -> bool:
         """The step being recorded began in steady state (between steps: the next one will)."""
@@ -768,11 +756,7 @@ class Recorder:
 
     def _step_loss(self) -> float | str | None:
         """The (unscaled) loss of the step as a number; one host sync, once per step."""
-        read, losses = self._loss_read, self.losses
-        if read is not None and losses and read[0] is losses[-1] and read[1] == read[0]._version:
-            value = read[2]  # peek_loss's remembered read (numerics asked before the optimizer wrote)
-        else:
-            value = self.peek_loss()
+        value = self.peek_loss()  # its remembered read when numerics asked before the optimizer wrote
         self.losses = []
         self._loss_read = None
         if value is None:
@@ -896,6 +880,15 @@ def _with_fast_key(t: tuple) -> tuple:
         obj = object()  # matches no autocast: its calls take the full path
     return (*t, (dev, obj, enabled, (dev, dtype, enabled, False), (dev, dtype, enabled),
                  enabled and dtype == "float16"))
+
+
+def _clean_step(rec: dict, last: dict | None) -> bool:
+    """A step steady state may follow: not skipped, a finite loss, the scale not lower than the
+    last step's."""
+    scale, loss = rec["scale"], rec["loss"]
+    return (not rec["skipped"] and type(loss) is float and math.isfinite(loss)
+            and (last is None or scale == last["scale"]
+                 or scale is not None and last["scale"] is not None and scale > last["scale"]))
 
 
 def _same_pattern(a: list, b: list) -> bool:
