@@ -621,32 +621,40 @@ class Recorder:
         GradScaler's step's (the next window's fast path expects them again: induction)."""
         if self._flushed != self._pos:
             self.flush()
-        for b in self.backwards if self.step_unit == "optimizer" else ():  # manual loops: above
-            if not b["scaled"] and b["fp16"] and not via_scaler:
-                self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
-                               "without GradScaler: small gradients flush to zero in float16")
-                break
+        if not via_scaler and self.step_unit == "optimizer":  # manual loops: above
+            for b in self.backwards:
+                if not b["scaled"] and b["fp16"]:
+                    self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
+                                   "without GradScaler: small gradients flush to zero in float16")
+                    break
         scale = self.scale_of(scaler) if scaler is not None else None
         loss = self._step_loss()
         rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
                "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
-        if self._timeline[-1].get("instruments") == "steady":
+        entry = self._timeline[-1]
+        if entry.get("instruments") == "steady":
             rec["steady"] = True
             self.steady_steps += 1
-        untimed, window_s = self._interval_untimed, self.own_s - self._own_at_mark - self.close_s
-        entry = self._timeline[-1]
+        untimed = self._interval_untimed
         # a window that followed the template throughout, with one optimizer: judged without comparing
+        # (while fast no event was dropped: the template's count of them is 0 too)
         on_template = self.fast and self._tpl[self._pos] is _TEMPLATE_END and len(self._known_optimizers) <= 1 \
-            and (entry["dropped_events"], self._autocast_enters) == self._tpl_window[-1]
-        if on_template:
-            self._judge_on_template(rec, entry)
+            and self._autocast_enters == self._tpl_window[-1][1]
+        if on_template:  # _judge_steady's outcome for the template's window, without comparing
+            self.fast_steps += 1
+            if self._calls:  # the events of calls matched on the full path
+                self._calls = []
+            self._trailing_from = len(entry["events"])
+            self._autocast_enters = 0
+            self._close_window(self._tpl_window, _clean_step(rec, self.series[-1]), True)
+            self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
+            if not untimed:  # the sample: this window's own time, its close aside
+                self._sample_s = max(0.0, self.own_s - self._own_at_mark - self.close_s)
         elif self.steady_after:
             self._judge_steady(rec)
         if untimed:  # its wrappers' time is the sample's (a deviation mid-way is timed from there on, and added)
             self.own_s += self._sample_s
             self.sampled_steps += 1
-        elif on_template:
-            self._sample_s = max(0.0, window_s)
         if self.fast and (self._win_s() is not scaler or self._win_o() is not optimizer):
             self._bind(scaler, optimizer)
         self.timing = not (self.fast and self._sample_s is not None and self.fast_steps % SAMPLE_EVERY)
@@ -673,7 +681,7 @@ class Recorder:
         skipped, scale not lower) and its pattern (the events since the previous step: kinds,
         places, dtypes, autocast state, counts) equals the one a period back (one step, or one
         per optimizer when several take turns) for STEADY_AFTER steps in a row. A window that
-        followed the template throughout goes to _judge_on_template instead (complete_step)."""
+        followed the template throughout is judged in complete_step, without comparing."""
         entry = self._timeline[-1]
         counts = (entry["dropped_events"], self._autocast_enters)
         calls, self._calls = self._calls, []
@@ -696,16 +704,6 @@ class Recorder:
             self.fast = len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
         else:
             self.fast = False
-
-    def _judge_on_template(self, rec: dict, entry: dict) -> None:
-        """_judge_steady for a window whose every event was the template's, in order (the loss
-        scale's values aside), with one optimizer: the same pattern, judged without comparing."""
-        self.fast_steps += 1
-        self._calls = []
-        self._trailing_from = len(entry["events"])
-        self._autocast_enters = 0
-        self._close_window(self._tpl_window, _clean_step(rec, self.series[-1]), True)
-        self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
 
     def _close_window(self, window: list, clean: bool, same: bool) -> None:
         """What both judgements end with: the window kept (the last four), the run of clean equal
