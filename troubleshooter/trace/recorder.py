@@ -564,16 +564,20 @@ class Recorder:
         self.step_unit = "optimizer"
 
     def on_optimizer_pre(self, optimizer) -> None:
-        known = self._known_optimizers.get(id(optimizer))
-        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
-            self._note_optimizer(optimizer)
-        if self.in_scaler_step:
-            frame = self.in_scaler_step[-1]
+        frames = self.in_scaler_step
+        if frames:  # scaler.step() runs the optimizer (else GradScaler skipped it)
+            frame = frames[-1]
             frame["ran"] = True
-            ev = frame["ev"]
             found = getattr(optimizer, "found_inf", None)  # set by GradScaler for a fused optimizer's step
             if found is not None:
                 frame["found_inf"] = found
+            if frame["enabled"] and optimizer is self._win_o() and self.device_seen is not None:
+                return  # the last step's optimizer (induction: _bind): known, its parameters checked
+        known = self._known_optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
+            self._note_optimizer(optimizer)
+        if frames:
+            ev = frames[-1]["ev"]
         else:
             if self.stop_pending:
                 self.maybe_stop()
