@@ -862,9 +862,11 @@ class Recorder:
     # that the method would record no violation and change nothing else (else the method runs,
     # and the window leaves the fast path when its event is not the template's); it walks no
     # stack and builds no event: the template's events are appended by flush(), at the step's
-    # close or before anything reads or extends the timeline. Exact by construction:
-    # tests/test_trace_fastpath.py plants a deviation at every call of a steady step and compares
-    # the violations, the timeline and the step series with --no-steady's.
+    # close or before anything reads or extends the timeline. scaler.update, unscale_ and
+    # scaler.step check by induction (_bind, _template) and the first two leave their state
+    # changes to flush() too. Exact by construction: tests/test_trace_fastpath.py plants a
+    # deviation at every call of a steady step and compares the violations, the timeline, the
+    # step series and the protocol state with --no-steady's.
     def flush(self) -> None:
         """Catch up with the calls matched since the last flush, in order, as their full paths would
         have: append their events (copies of the template's, scaler.update's with its own scale
