@@ -41,19 +41,25 @@ def _extra(what: str, model, opt, scaler, sched, x) -> None:
         torch.save({"optimizer": opt.state_dict()}, io.BytesIO())
 
 
-def _loop(deviation: tuple) -> None:
+def _loop(deviation: tuple, rec: Recorder) -> None:
     """A scaled loop; at DEVIATE_AT, `deviation` is (kind, position, what): before the call at
     `position`, an extra call `what` ("extra"), that call left out ("skip") or made from another
     line ("moved": another line, so another event), the call inside an enabled bfloat16 autocast
     region ("autocast", or "silent autocast": switched on without a `with`), the same call on an
-    unscaled loss or gradient ("unscaled"), a non-finite loss GradScaler skips ("inf"), or the
-    script stopping there ("stop": the events of the calls matched so far, appended only at a
-    step's close on the fast path, must be in the timeline all the same)."""
+    unscaled loss or gradient ("unscaled"), a non-finite loss GradScaler skips ("inf") or a
+    finite one with a non-finite gradient (before the unscale_: "inf grad", after a read of the
+    timeline in that step, the script stopping after the step: "read, inf grad"), the
+    same call on another GradScaler or optimizer ("other scaler", "other optimizer": the fast
+    path's induction holds for the last step's objects only), or the script stopping there
+    ("stop": the events of the calls matched so far, and the state changes the fast path defers,
+    made only at a step's close, must be there all the same)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     scaler = torch.amp.GradScaler("cpu")
+    other_opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    other_scaler = torch.amp.GradScaler("cpu")
     x, y = torch.ones(2, 3), torch.zeros(2, 1)
     outside = nn.Parameter(torch.ones(2))  # a parameter no optimizer holds, its gradient never unscaled
     kind, position, what = deviation
@@ -64,7 +70,7 @@ def _loop(deviation: tuple) -> None:
             plan[CALLS[position]] = kind
         loss = None
         for name in CALLS:
-            if plan[name] == "stop":
+            if plan[name] == "stop" or name == "update" and plan["unscale"] == "read, inf grad":
                 return
             if plan[name] == "extra":
                 try:  # what torch itself refuses (an update with no step) is the script's business
@@ -78,6 +84,14 @@ def _loop(deviation: tuple) -> None:
                 if plan[name] == "silent autocast":  # switched on without a `with`: no event says so
                     torch.set_autocast_enabled("cpu", True)
                 moved = plan[name] == "moved"
+                if plan[name] == "other scaler":
+                    scaler = other_scaler  # from here on: a script that makes a new GradScaler
+                if plan[name] == "other optimizer":
+                    opt = other_opt
+                if plan[name] in ("inf grad", "read, inf grad"):  # a finite loss, a non-finite gradient: a skip
+                    if plan[name] == "read, inf grad":  # the timeline read first (as a result snapshot does)
+                        assert rec.timeline
+                    next(model.parameters()).grad.fill_(float("inf"))
                 with ac:
                     if name == "forward":
                         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
@@ -134,7 +148,7 @@ def _traced(deviation: tuple, steady_after: int) -> Recorder:
     rec.on_step = num.on_step
     installed = install(rec)
     try:
-        _loop(deviation)
+        _loop(deviation, rec)
     finally:
         installed.remove()
         num.close()
@@ -142,9 +156,28 @@ def _traced(deviation: tuple, steady_after: int) -> Recorder:
 
 
 def _seen(rec: Recorder) -> tuple:
-    timeline = [{k: v for k, v in entry.items() if k != "instruments"} for entry in rec.timeline]
+    timeline = [{k: v for k, v in entry.items() if k != "instruments"} for entry in rec.timeline]  # caught up
     series = [{k: v for k, v in s.items() if k not in ("steady", "scaler")} for s in rec.series]  # scaler: its id()
-    return rec.violations, timeline, series, rec.steps, rec.precision_seen()  # autocast regions: counts, steps
+    return (rec.violations, timeline, series, rec.steps, rec.precision_seen(),  # autocast regions: counts, steps
+            _protocol_state(rec))
+
+
+def _protocol_state(rec: Recorder) -> dict:
+    """The per-step protocol state the checks read, objects named by their order of appearance
+    (the two runs make their own): what the fast path defers must be caught up when read."""
+    names: dict[int, int] = {}
+
+    def name(key: int) -> int:
+        return names.setdefault(key, len(names))
+
+    return {"stage": sorted((name(s), name(o), v) for (s, o), v in rec.scaler_stage.items()),
+            "stepped": sorted((name(s), v) for s, v in rec.scaler_stepped_since_update.items()),
+            "update_mark": sorted((name(s), v) for s, v in rec.update_mark.items()),
+            "backwards": [(b["scaled"], b["fp16"]) for b in rec.backwards], "scaled_pending": rec.scaled_pending,
+            "unscaled": [name(id(o)) for o in rec.unscaled_optimizers], "fp16": rec.fp16_autocast_since_step,
+            "scheduler": (rec.scheduler_after_scaler_steps, rec.scheduler_where, sorted(rec.steps_at_scheduler.values())),
+            "last_step": (rec.last_step_skipped, rec.last_step_via_scaler, rec.scaler_steps),
+            "autocast_stack": list(rec.autocast_stack), "in_scaler_step": len(rec.in_scaler_step)}
 
 
 DEVIATIONS = [("extra", position, what) for position in range(len(CALLS))
@@ -153,7 +186,10 @@ DEVIATIONS += [(kind, position, None) for kind in ("skip", "moved", "autocast", 
                for position in range(len(CALLS))]
 DEVIATIONS += [("unscaled", CALLS.index("backward"), None), ("unscaled", CALLS.index("clip"), None)]
 DEVIATIONS += [("inf", 0, None), ("none", 0, None)]
+DEVIATIONS += [(kind, CALLS.index("unscale"), None) for kind in ("inf grad", "read, inf grad")]
 DEVIATIONS += [("stop", position, None) for position in range(len(CALLS))]
+DEVIATIONS += [("other scaler", CALLS.index(name), None) for name in ("backward", "unscale", "step", "update")]
+DEVIATIONS += [("other optimizer", CALLS.index(name), None) for name in ("unscale", "step", "zero_grad")]
 
 
 @pytest.mark.parametrize("deviation", DEVIATIONS, ids=lambda d: "-".join(map(str, d)))

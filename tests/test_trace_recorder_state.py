@@ -27,5 +27,5 @@ def test_update_clears_the_stages_of_its_own_scaler_only():
                          ({(id(mine), 1): "unscaled", (id(mine), 2): "stepped", (id(other), 1): "stepped"},
                           {(id(other), 1): "stepped"})):
         rec.scaler_stage = dict(stages)
-        rec._updated(mine, 4.0, 4.0, False)
+        rec._updated(id(mine), 4.0, 4.0, False)
         assert rec.scaler_stage == left

@@ -20,7 +20,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch import nn
 
-from .recorder import _IS_ENABLED, Recorder, _any_autocast, _any_scaled
+from .recorder import _IS_ENABLED, Recorder, _any_autocast
 
 
 _undo: list = []  # (owner, name, original value) in installation order
@@ -67,7 +67,7 @@ def install(rec: Recorder) -> Installed:
         started = perf_counter()
         frame = rec.in_scaler_step[-1] if rec.in_scaler_step else None  # inside an enabled scaler.step(): via it
         if frame is not None and frame["enabled"]:
-            rec.complete_step(False, True, frame["scaler"])
+            rec.complete_step(False, True, frame["scaler"], opt)
         else:
             rec.complete_step(False, False)
         rec.close_s = perf_counter() - started
@@ -144,19 +144,16 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             started = perf_counter() if rec.timing else 0.0
             if rec.fast:  # the steady fast path (recorder): the template's next call, from the same place
                 t, caller = rec._tpl[rec._pos], _getframe(1)
-                known = rec._known_optimizers.get(id(optimizer))  # an enabled stock GradScaler, an optimizer known already
-                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.unscale_" \
-                        and known is not None and known() is optimizer and rec.device_seen is not None \
-                        and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED:
-                    key, backwards = (id(self), id(optimizer)), rec.backwards
-                    if key not in rec.scaler_stage and (not backwards or backwards[-1]["scaled"]
-                                                        or _any_scaled(backwards)):  # AMP112/113/115
-                        rec.scaler_stage[key] = "unscaled"
-                        rec.unscaled_optimizers.append(optimizer)
-                        rec._pos += 1
-                        if started:
-                            rec.own_s += perf_counter() - started
-                        return orig(self, optimizer)
+                # induction: every earlier call of the window matched, with this scaler and optimizer
+                # (the last step's, known already), so a scaler.update cleared the stage (t[5]:
+                # AMP112/113) and every backward was scaled (AMP115); the stage is set by flush()
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.unscale_" and t[5] \
+                        and self is rec._win_s() and optimizer is rec._win_o() and rec.device_seen is not None:
+                    rec.unscaled_optimizers.append(optimizer)
+                    rec._pos += 1
+                    if started:
+                        rec.own_s += perf_counter() - started
+                    return orig(self, optimizer)
             rec.on_unscale(self, optimizer)
             if started:
                 rec.own_s += perf_counter() - started
@@ -169,13 +166,11 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             frame = None
             if rec.fast:
                 t, caller = rec._tpl[rec._pos], _getframe(1)
-                known = rec._known_optimizers.get(id(optimizer))  # an enabled stock GradScaler, an optimizer known already
-                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.step" \
-                        and not rec.stop_pending and rec.scaler_step_where is not None \
-                        and known is not None and known() is optimizer and rec.device_seen is not None \
-                        and getattr(self, "_enabled", None) is True and type(self).is_enabled is _IS_ENABLED \
-                        and rec.scaler_stage.get((id(self), id(optimizer))) != "stepped" and not _any_autocast() \
-                        and (not rec.backwards or rec.backwards[-1]["scaled"] or _any_scaled(rec.backwards)):  # AMP113/105/115
+                # induction as in unscale_ (AMP113/115; a stock GradScaler: _bind), autocast live (AMP105)
+                if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.step" and t[5] \
+                        and self is rec._win_s() and optimizer is rec._win_o() and rec.device_seen is not None \
+                        and self._enabled is True and not rec.stop_pending and rec.scaler_step_where is not None \
+                        and not _any_autocast():
                     if rec.before_update is not None:
                         rec.before_update(rec, optimizer)
                     rec._pos += 1
@@ -198,6 +193,8 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
         def update(self, new_scale=None):
             started = perf_counter() if rec.timing else 0.0
             before = rec.scale_of(self)  # its remembered read, in the usual case: no device read
+            if rec._fast_vals and rec._flushed != rec._pos:  # an update deferred in this window: its state first
+                rec.flush()
             if not rec.scaler_stepped_since_update.get(id(self), False):  # the usual case (a step since) asks nothing
                 rec.on_scaler_update_pre(self)
             if started:
@@ -208,10 +205,14 @@ def _patch_scaler(rec: Recorder, cls, only: tuple[str, ...] | None = None) -> No
             if rec.fast:
                 t, caller = rec._tpl[rec._pos], _getframe(1)
                 if t[1] is caller.f_code and t[2] == caller.f_lasti and t[0] == "scaler.update" \
-                        and "scale_before" in t[3]:  # AMP109's event, without the values, is another call
-                    rec._fast_vals[rec._pos] = (before, after)
+                        and "scale_before" in t[3] and self is rec._win_s():  # AMP109's event, without the values, is another call
+                    # the state change is deferred to flush() (induction: the window's scaler); a fused
+                    # optimizer's pending skip is read now, as the full path does (None: made here)
+                    pending = rec._fused_pending
+                    rec._fast_vals[rec._pos] = (before, after, None if pending else new_scale is not None)
                     rec._pos += 1
-                    rec._updated(self, before, after, new_scale is not None)
+                    if pending:
+                        rec._updated(id(self), before, after, new_scale is not None)
                     if started:
                         rec.own_s += perf_counter() - started
                     return out

@@ -41,7 +41,14 @@ STEADY_AFTER = 3
 SAMPLE_EVERY = 8
 SCALE_KEYS = ("scale_before", "scale_after")  # values, not pattern: a grown scale is still the same step
 # the steady fast path's template ends with this record: no call matches it
-_TEMPLATE_END = (None, None, -1, None, None)
+_TEMPLATE_END = (None, None, -1, None, None, False)
+
+
+class _Gone:
+    pass
+
+
+_DEAD = weakref.ref(_Gone())  # a weakref whose object is gone: no call is the window's scaler or optimizer
 
 
 class TraceStop(BaseException):
@@ -97,7 +104,11 @@ class Recorder:
         # the events of the calls matched so far are appended (copied from the template) only at
         # the step's close, or before anything else reads or extends the timeline: see flush()
         self._flushed = 0  # the first template record whose event is not in the timeline yet
-        self._fast_vals: dict[int, tuple] = {}  # template index -> scaler.update's (scale_before, scale_after)
+        self._fast_vals: dict[int, tuple] = {}  # template index -> scaler.update's (scale_before, scale_after, explicit)
+        # induction: the GradScaler and optimizer of the step that closed the last window (weakly: the
+        # tracer must not keep them alive), and their ids for the deferred state changes (flush())
+        self._win_s = self._win_o = _DEAD
+        self._win_key: tuple[int, int] = (0, 0)
         self.fast = False  # this window has matched the template so far: wrappers may take the fast path
         self.fast_steps = 0  # windows whose every event was the template's
         self.on_step = on_step  # numerics: called after every completed step
@@ -215,6 +226,7 @@ class Recorder:
             if self.fast:  # a call without a fast path: the window stays on template if its event is the template's
                 if self._tpl[self._pos][3] == ev:
                     self._pos = self._flushed = self._pos + 1
+                    self._win_s = self._win_o = _DEAD  # its objects were not checked: no induction from here
                 else:
                     self.fast = False
                     self.timing = True
@@ -444,6 +456,8 @@ class Recorder:
         return frame
 
     def on_scaler_step_exit(self, frame: dict) -> None:
+        if self._flushed != self._pos:  # the fast path's deferred state before this call's (a skipped step)
+            self.flush()
         self.in_scaler_step.pop()
         scaler = frame["scaler"]
         self.scaler_stage[(id(scaler), id(frame["optimizer"]))] = "stepped"
@@ -454,7 +468,7 @@ class Recorder:
         if not frame["ran"]:  # GradScaler found inf/NaN gradients and skipped optimizer.step()
             if self.after_skip is not None:
                 self.after_skip(self)
-            self.complete_step(skipped=True, via_scaler=True, scaler=scaler)
+            self.complete_step(skipped=True, via_scaler=True, scaler=scaler, optimizer=frame["optimizer"])
         elif getattr(frame["optimizer"], "_step_supports_amp_scaling", False) and self.series:
             # a fused optimizer: GradScaler calls its step() even on inf/NaN (the kernel skips the
             # update); its found_inf (or, without one, the scale's backoff) is read at update()
@@ -481,22 +495,15 @@ class Recorder:
 
     def on_scaler_update(self, scaler, before: float | None, after: float | None, explicit: bool = False) -> None:
         self.event("scaler.update", scale_before=before, scale_after=after)
-        self._updated(scaler, before, after, explicit)
+        self._updated(id(scaler), before, after, explicit)
 
-    def _updated(self, scaler, before: float | None, after: float | None, explicit: bool) -> None:
-        """What scaler.update() changes in the protocol state (both paths)."""
-        self.update_mark[id(scaler)] = self.steps
-        self.scaler_stepped_since_update[id(scaler)] = False
-        stage, sid = self.scaler_stage, id(scaler)
-        if len(stage) == 1:  # one optimizer's stage, the usual case: no comprehension (a call) to find it
-            if next(iter(stage))[0] == sid:
-                stage.clear()
-        else:
-            for key in [k for k in stage if k[0] == sid]:
-                del stage[key]
-        if self.series and self.series[-1].get("scaler") == id(scaler) and after is not None:
-            self.series[-1]["scale_after"] = after
-        pending = self._fused_pending.pop(id(scaler), None)
+    def _updated(self, sid: int, before: float | None, after: float | None, explicit: bool) -> None:
+        """What scaler.update() changes in the protocol state (the full path, and the fast path's
+        catch-up: see flush()), for the scaler whose id is `sid`."""
+        self._update_marks(sid, after)
+        self.scaler_stepped_since_update[sid] = False
+        self._clear_stages(sid)
+        pending = self._fused_pending.pop(sid, None)
         if pending:
             backed_off = not explicit and before is not None and after is not None and after < before
             for rec, found in pending:
@@ -504,6 +511,23 @@ class Recorder:
                 skipped = bool(found.item()) if found is not None else backed_off and len(pending) == 1
                 if skipped and not rec["skipped"]:
                     self._skipped_inside_step(rec)
+
+    def _update_marks(self, sid: int, after: float | None) -> None:
+        """What of scaler.update()'s changes outlasts the next scaler.step()'s exit: the step count
+        at the update, and the scale after it on the step it follows."""
+        self.update_mark[sid] = self.steps
+        if self.series and self.series[-1].get("scaler") == sid and after is not None:
+            self.series[-1]["scale_after"] = after
+
+    def _clear_stages(self, sid: int) -> None:
+        """scaler.update() ends the unscale_/step stages of its scaler's optimizers."""
+        stage = self.scaler_stage
+        if len(stage) == 1:  # one optimizer's stage, the usual case: no comprehension (a call) to find it
+            if next(iter(stage))[0] == sid:
+                stage.clear()
+        else:
+            for key in [k for k in stage if k[0] == sid]:
+                del stage[key]
 
     def _skipped_inside_step(self, rec: dict) -> None:
         """The fused optimizer's step ran but its kernel skipped the update: the step is a skipped
@@ -540,16 +564,20 @@ class Recorder:
         self.step_unit = "optimizer"
 
     def on_optimizer_pre(self, optimizer) -> None:
-        known = self._known_optimizers.get(id(optimizer))
-        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
-            self._note_optimizer(optimizer)
-        if self.in_scaler_step:
-            frame = self.in_scaler_step[-1]
+        frames = self.in_scaler_step
+        if frames:  # scaler.step() runs the optimizer (else GradScaler skipped it)
+            frame = frames[-1]
             frame["ran"] = True
-            ev = frame["ev"]
             found = getattr(optimizer, "found_inf", None)  # set by GradScaler for a fused optimizer's step
             if found is not None:
                 frame["found_inf"] = found
+            if frame["enabled"] and optimizer is self._win_o() and self.device_seen is not None:
+                return  # the last step's optimizer (induction: _bind): known, its parameters checked
+        known = self._known_optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer or self.device_seen is None:  # _note_optimizer's early return
+            self._note_optimizer(optimizer)
+        if frames:
+            ev = frames[-1]["ev"]
         else:
             if self.stop_pending:
                 self.maybe_stop()
@@ -591,37 +619,48 @@ class Recorder:
                        optimizer_step={"path": ev["path"], "line": ev["line"]})
 
     # -- step boundaries --------------------------------------------------------------------
-    def complete_step(self, skipped: bool, via_scaler: bool, scaler=None) -> None:
+    def complete_step(self, skipped: bool, via_scaler: bool, scaler=None, optimizer=None) -> None:
         """One optimizer step finished (or was skipped by GradScaler), or one backward pass of a
-        loop without an optimizer: close the step's record."""
+        loop without an optimizer: close the step's record. `scaler` and `optimizer`: an enabled
+        GradScaler's step's (the next window's fast path expects them again: induction)."""
         if self._flushed != self._pos:
             self.flush()
-        for b in self.backwards if self.step_unit == "optimizer" else ():  # manual loops: above
-            if not b["scaled"] and b["fp16"] and not via_scaler:
-                self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
-                               "without GradScaler: small gradients flush to zero in float16")
-                break
+        if not via_scaler and self.step_unit == "optimizer":  # manual loops: above
+            for b in self.backwards:
+                if not b["scaled"] and b["fp16"]:
+                    self.violation("AMP103", b["ev"], "backward() of a loss computed under float16 autocast, "
+                                   "without GradScaler: small gradients flush to zero in float16")
+                    break
         scale = self.scale_of(scaler) if scaler is not None else None
         loss = self._step_loss()
         rec = {"step": self.steps, "skipped": skipped, "via_scaler": via_scaler, "scale": scale,
                "scale_after": None, "loss": loss, "scaler": id(scaler) if scaler is not None else None}
-        if self._timeline[-1].get("instruments") == "steady":
+        entry = self._timeline[-1]
+        if entry.get("instruments") == "steady":
             rec["steady"] = True
             self.steady_steps += 1
-        untimed, window_s = self._interval_untimed, self.own_s - self._own_at_mark - self.close_s
-        entry = self._timeline[-1]
+        untimed = self._interval_untimed
         # a window that followed the template throughout, with one optimizer: judged without comparing
+        # (while fast no event was dropped: the template's count of them is 0 too)
         on_template = self.fast and self._tpl[self._pos] is _TEMPLATE_END and len(self._known_optimizers) <= 1 \
-            and (entry["dropped_events"], self._autocast_enters) == self._tpl_window[-1]
-        if on_template:
-            self._judge_on_template(rec, entry)
+            and self._autocast_enters == self._tpl_window[-1][1]
+        if on_template:  # _judge_steady's outcome for the template's window, without comparing
+            self.fast_steps += 1
+            if self._calls:  # the events of calls matched on the full path
+                self._calls = []
+            self._trailing_from = len(entry["events"])
+            self._autocast_enters = 0
+            self._close_window(self._tpl_window, _clean_step(rec, self.series[-1]), True)
+            self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
+            if not untimed:  # the sample: this window's own time, its close aside
+                self._sample_s = max(0.0, self.own_s - self._own_at_mark - self.close_s)
         elif self.steady_after:
             self._judge_steady(rec)
         if untimed:  # its wrappers' time is the sample's (a deviation mid-way is timed from there on, and added)
             self.own_s += self._sample_s
             self.sampled_steps += 1
-        elif on_template:
-            self._sample_s = max(0.0, window_s)
+        if self.fast and (self._win_s() is not scaler or self._win_o() is not optimizer):
+            self._bind(scaler, optimizer)
         self.timing = not (self.fast and self._sample_s is not None and self.fast_steps % SAMPLE_EVERY)
         self._interval_untimed = not self.timing
         self.series.append(rec)
@@ -646,7 +685,7 @@ class Recorder:
         skipped, scale not lower) and its pattern (the events since the previous step: kinds,
         places, dtypes, autocast state, counts) equals the one a period back (one step, or one
         per optimizer when several take turns) for STEADY_AFTER steps in a row. A window that
-        followed the template throughout goes to _judge_on_template instead (complete_step)."""
+        followed the template throughout is judged in complete_step, without comparing."""
         entry = self._timeline[-1]
         counts = (entry["dropped_events"], self._autocast_enters)
         calls, self._calls = self._calls, []
@@ -663,22 +702,12 @@ class Recorder:
         # event of this one is in `calls` (none dropped, none taken from a template), and the
         # timeline has room for all of the next window's events (its first ones join this step's)
         if self.steady and period == 1 and len(calls) == len(window) - 1 and not counts[0]:
-            self._tpl, self._tpl_window = [_with_fast_key(t) for t in calls] + [_TEMPLATE_END], window
+            self._tpl, self._tpl_window = _template(calls), window
             split = next((i for i, t in enumerate(calls) if t[0] not in TRAILING), len(calls))
             self._tpl_head, self._tpl_tail = [t[3] for t in calls[:split]], [t[3] for t in calls[split:]]
             self.fast = len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
         else:
             self.fast = False
-
-    def _judge_on_template(self, rec: dict, entry: dict) -> None:
-        """_judge_steady for a window whose every event was the template's, in order (the loss
-        scale's values aside), with one optimizer: the same pattern, judged without comparing."""
-        self.fast_steps += 1
-        self._calls = []
-        self._trailing_from = len(entry["events"])
-        self._autocast_enters = 0
-        self._close_window(self._tpl_window, _clean_step(rec, self.series[-1]), True)
-        self.fast = self.steady and len(entry["events"]) + len(self._tpl) <= MAX_EVENTS_PER_STEP
 
     def _close_window(self, window: list, clean: bool, same: bool) -> None:
         """What both judgements end with: the window kept (the last four), the run of clean equal
@@ -833,12 +862,18 @@ class Recorder:
     # that the method would record no violation and change nothing else (else the method runs,
     # and the window leaves the fast path when its event is not the template's); it walks no
     # stack and builds no event: the template's events are appended by flush(), at the step's
-    # close or before anything reads or extends the timeline. Exact by construction:
-    # tests/test_trace_fastpath.py plants a deviation at every call of a steady step and compares
-    # the violations, the timeline and the step series with --no-steady's.
+    # close or before anything reads or extends the timeline. scaler.update, unscale_ and
+    # scaler.step check by induction (_bind, _template) and the first two leave their state
+    # changes to flush() too. Exact by construction: tests/test_trace_fastpath.py plants a
+    # deviation at every call of a steady step and compares the violations, the timeline, the
+    # step series and the protocol state with --no-steady's.
     def flush(self) -> None:
-        """Append the events of the calls matched since the last flush, in order, as event()
-        would have: copies of the template's (scaler.update's with its own scale values)."""
+        """Catch up with the calls matched since the last flush, in order, as their full paths would
+        have: append their events (copies of the template's, scaler.update's with its own scale
+        values) and make the state changes the fast path defers (scaler.update's, and the stage
+        scaler.unscale_ sets). For a whole window, at its close, only what outlasts the closing
+        scaler.step()'s exit is set (it runs next, also when the step fails): the update's step
+        mark and scale, and, when other stages are kept, the update's clearing of its scaler's."""
         tpl, vals, timeline = self._tpl, self._fast_vals, self._timeline
         head = self._tpl_head
         if not self._flushed and self._pos == len(tpl) - 1 and self.open_next:  # the whole window, at its close
@@ -849,22 +884,61 @@ class Recorder:
                 self.open_next = False
                 timeline.append(self._new_step(self.steps))
                 timeline[-1]["events"].extend(map(dict, self._tpl_tail))
-            for i, (before, after) in vals.items():
+            for i, (before, after, explicit) in vals.items():
                 ev = events[start + i] if i < len(head) else timeline[-1]["events"][i - len(head)]
                 ev["scale_before"], ev["scale_after"] = before, after
+                if explicit is not None:  # deferred (None: made in the wrapper)
+                    self._update_marks(self._win_key[0], after)
+                    if len(self.scaler_stage) != 1:  # the one left is this step's, which its exit sets
+                        self._clear_stages(self._win_key[0])
             self._flushed = self._pos
             return
         for i in range(self._flushed, self._pos):
             t = tpl[i]
             ev = dict(t[3])
             if i in vals:
-                ev["scale_before"], ev["scale_after"] = vals[i]
+                before, after, explicit = vals[i]
+                ev["scale_before"], ev["scale_after"] = before, after
+                if explicit is not None:
+                    self._updated(self._win_key[0], before, after, explicit)
+            elif t[0] == "scaler.unscale_":
+                self.scaler_stage[self._win_key] = "unscaled"
             if self.open_next and t[0] not in TRAILING:
                 self.open_next = False
                 timeline.append(self._new_step(self.steps))
             timeline[-1]["events"].append(ev)
         self._flushed = self._pos
 
+    def _bind(self, scaler, optimizer) -> None:
+        """The next window's fast path expects this step's GradScaler (a stock one) and optimizer
+        again: with them, every earlier call of the window having matched the template, the
+        protocol state is the template's (induction: docs/trace.md, "Steady state")."""
+        if scaler is None or optimizer is None or type(scaler).is_enabled is not _IS_ENABLED:
+            self._win_s = self._win_o = _DEAD
+            return
+        self._win_s, self._win_o = weakref.ref(scaler), weakref.ref(optimizer)
+        self._win_key = (id(scaler), id(optimizer))
+
+
+
+def _template(calls: list[tuple]) -> list[tuple]:
+    """The template's records, each with what its fast path compares precomputed (_with_fast_key)
+    and whether the protocol state at it is known clean by induction: for scaler.unscale_ and
+    scaler.step, a scaler.update earlier in the window cleared the stage and no unscale_ (for
+    unscale_) or step (for both) set it again (scaler.update's own check reads live state, caught
+    up first). Then _TEMPLATE_END."""
+    out, updated, unscaled, stepped = [], False, False, False
+    for t in calls:
+        kind = t[0]
+        if kind == "scaler.update":
+            clean, updated, unscaled, stepped = True, True, False, False
+        else:
+            clean = updated and not stepped and not (kind == "scaler.unscale_" and unscaled)
+            unscaled = unscaled or kind == "scaler.unscale_"
+            stepped = stepped or kind == "scaler.step"
+        out.append((*_with_fast_key(t), clean))
+    out.append(_TEMPLATE_END)
+    return out
 
 
 def _with_fast_key(t: tuple) -> tuple:
