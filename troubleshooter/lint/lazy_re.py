@@ -4,7 +4,8 @@
 patterns at module level, most for one rule's rarer cases, and a small tree (nanoGPT) uses about
 half of them: compiling the rest at import was ~3 ms of its start-up. `lazy(pattern, flags)` stands
 for `re.compile(pattern, flags)`; the first call of a method compiles the pattern and puts the
-compiled pattern's methods on the object, so later calls cost what calls of `re.Pattern` methods do.
+compiled pattern's bound methods on the object: a later call costs ~400 instructions (~5% of a
+short search) more than on a compiled pattern, and timm's 315 files make ~4,600 such calls.
 """
 from __future__ import annotations
 
