@@ -75,6 +75,10 @@ DEBUG_ENV = "AMP_TS_DEBUG"
 # the process exits without tearing the interpreter down (0.5-2 s on a busy 2-core host: freeing
 # torch's modules and objects one by one), which would otherwise come on top of a --budget.
 FAST_EXIT_COMMANDS = frozenset({"check", "speedup", "capability", "inspect"})
+# `lint` runs no user code either and always exits so: tearing down its ~110 modules and the
+# report (a last collection, then every module's objects freed one by one) took ~10 ms of the
+# ~90 ms a small tree's lint costs (nanoGPT, BENCHMARKS.md "Linter speed").
+FAST_EXIT_ALWAYS = frozenset({"lint"})
 _process_started_at: float | None = None
 
 
@@ -90,7 +94,8 @@ def entry(started_at: float | None = None) -> None:
     _process_started_at = started_at if started_at is not None else time.time()
     argv = sys.argv[1:]
     status = main(argv)
-    if argv and argv[0] in FAST_EXIT_COMMANDS and "torch" in sys.modules:
+    command = argv[0] if argv else None
+    if command in FAST_EXIT_ALWAYS or (command in FAST_EXIT_COMMANDS and "torch" in sys.modules):
         exit_now(status)
     sys.exit(status)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,12 +129,24 @@ def _head(path: Path) -> bytes | None:
         return None
 
 
+# Where TOML can put our table: the dotted path `tool.amp-troubleshooter` (a header, a dotted key; keys
+# bare or quoted, blanks around the dot), or the name as a key of a `[tool]` table or a `tool = {...}`
+# inline table. A file that only lists amp-troubleshooter as a dependency or a script shows none.
+# (A pattern, compiled by `re` on first use: most files never spell the name.)
+_TABLE_PLACE = (rb"""tool["']?[ \t]*\.[ \t]*["']?amp-troubleshooter"""
+                rb"""|^[ \t]*\[\[?[ \t]*["']?tool["']?[ \t]*\]"""
+                rb"""|\btool["']?[ \t]*=""")
+
+
 def _may_name_our_table(path: Path) -> bool:
-    """False only when the file cannot hold our table: its bytes spell neither the name nor a TOML
-    \\u/\\U escape (the one way a quoted key can hide it). Most projects' pyproject.toml is then
-    not parsed at all (~4 ms of a small lint's start-up, with the TOML parser's import)."""
+    """False only when the file cannot hold our table: its bytes hold no TOML \\u/\\U escape (the one
+    way a quoted key can hide a name), and they either never spell the name or spell it nowhere a
+    table of that name can be (`_TABLE_PLACE`). Most projects' pyproject.toml is then not parsed at
+    all, nor the TOML parser imported (~4 ms of a small lint's start-up)."""
     raw = _head(path)
-    return raw is None or TABLE.encode() in raw or b"\\u" in raw or b"\\U" in raw  # unreadable: `_read` says why
+    if raw is None or b"\\u" in raw or b"\\U" in raw:  # unreadable: `_read` says why
+        return True
+    return TABLE.encode() in raw and re.search(_TABLE_PLACE, raw, re.M) is not None
 
 
 def _names_our_table(path: Path) -> bool:

@@ -8,11 +8,12 @@ editor offers is what `--fix` writes. Lines end at `\\n`, `\\r\\n` or `\\r` only
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+from .lazy_re import lazy
+
+_LINES = lazy(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 def split_lines(text: str) -> list[str]:

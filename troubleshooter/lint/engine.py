@@ -10,13 +10,14 @@ from ..errors import UserError
 from ..findings import Finding, Location, has_problems, sort_key
 from .analysis import FileModel
 from .edits import Fix
+from .lazy_re import lazy
 from .rules import BY_ID, RULES, Rule
 from .source import LintError, SourceUnit, parse, parse_problem, strip_ipython
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
+_NOQA = lazy(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*))?", re.I)
 
 
-_LINE_REF = re.compile(r"\bline (\d+)\b")
+_LINE_REF = lazy(r"\bline (\d+)\b")
 
 
 def _cell_ref(unit: SourceUnit, line: int) -> str:

@@ -14,6 +14,8 @@ import threading
 import tokenize
 from dataclasses import dataclass, field
 
+from .lazy_re import lazy
+
 MAX_BYTES = 2 * 1024 * 1024  # training scripts are far smaller; bigger inputs are refused
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 # Cell magics whose body is still Python: drop the magic line, lint the rest.
@@ -93,10 +95,10 @@ def decode_bytes(data: bytes, path: str) -> str:
                          "(or declare its encoding with a `# -*- coding: ... -*-` line)") from None
 
 
-_ASSIGN_MAGIC = re.compile(r"^(\s*)[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")  # files = !ls, t = %timeit -o f()
-_HELP = re.compile(r"^(\?\??[\w.]+|[\w.]+\?\??)\s*$")  # obj? / obj?? / ?obj
+_ASSIGN_MAGIC = lazy(r"^(\s*)[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")  # files = !ls, t = %timeit -o f()
+_HELP = lazy(r"^(\?\??[\w.]+|[\w.]+\?\??)\s*$")  # obj? / obj?? / ?obj
 # IPython automagic: `pip install x`, `cd data`, `matplotlib inline` work without `%` in a cell
-_AUTOMAGIC = re.compile(r"^(pip|conda|mamba|cd|pwd|load_ext|reload_ext|matplotlib|autoreload|env|set_env|pinfo)"
+_AUTOMAGIC = lazy(r"^(pip|conda|mamba|cd|pwd|load_ext|reload_ext|matplotlib|autoreload|env|set_env|pinfo)"
                         r"(\s+(?![=(.\[,:+\-*/%<>!&|^])\S.*)?$")
 
 

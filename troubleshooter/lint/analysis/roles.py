@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..lazy_re import lazy
 from .astutil import chain_base, func_tail, is_false, is_true, kw_is_false, kwarg, peel, receiver, tail, text
 from .vocab import OPT_NAME_RE, OPTIMIZER_CLASSES, SCHED_NAME_RE, SKLEARN_SCALER_RE
 
@@ -13,8 +14,8 @@ _CASTS = ("half", "bfloat16", "to")
 # methods a scaler is an argument of without being handed to code that may update it
 _NOT_HANDING_ON = frozenset({"step", "unscale_", "scale", "update", "state_dict", "load_state_dict", "save", "print",
                              "isinstance"})
-_SCHEDULE_FACTORY = re.compile(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
-_OPTIMIZER_WORD = re.compile(r"optimizer", re.I)
+_SCHEDULE_FACTORY = lazy(r"get_\w*schedule")  # transformers' get_linear_schedule_with_warmup, ...
+_OPTIMIZER_WORD = lazy(r"optimizer", re.I)
 # The role tables `Roles._classify_roles` and `Roles._find_half_models` build on first use.
 ROLES = frozenset({"scaler_ctor", "optimizer_ctor", "scheduler_keys", "autocast_vars", "autocast_factories",
                    "halved", "halved_pretrained", "instances"})

@@ -5,17 +5,19 @@ import json
 import re
 from pathlib import Path
 
+from ..lazy_re import lazy
+
 _DATA = Path(__file__).parent / "data"
 _V = json.loads((_DATA / "vocabulary.json").read_text())
 
 CLIP_NAMES = frozenset(_V["clip_names"])
 # Receivers whose clip/backward/save do the AMP bookkeeping themselves.
-MANAGED_RE = re.compile(_V["managed_receiver_pattern"], re.I)
+MANAGED_RE = lazy(_V["managed_receiver_pattern"], re.I)
 OPTIMIZER_CLASSES = frozenset(_V["optimizer_classes"])
-OPT_NAME_RE = re.compile(_V["optimizer_name_pattern"], re.I)
-SCHED_NAME_RE = re.compile(_V["scheduler_name_pattern"], re.I)
-EVAL_FUNC_RE = re.compile(_V["eval_function_pattern"], re.I)
-SKLEARN_SCALER_RE = re.compile(_V["sklearn_scaler_pattern"])
+OPT_NAME_RE = lazy(_V["optimizer_name_pattern"], re.I)
+SCHED_NAME_RE = lazy(_V["scheduler_name_pattern"], re.I)
+EVAL_FUNC_RE = lazy(_V["eval_function_pattern"], re.I)
+SKLEARN_SCALER_RE = lazy(_V["sklearn_scaler_pattern"])
 ZEROING = frozenset(_V["grad_zeroing_methods"])
 FP16_DTYPES = frozenset(_V["dtypes"]["fp16"])
 BF16_DTYPES = frozenset(_V["dtypes"]["bf16"])

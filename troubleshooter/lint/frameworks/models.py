@@ -14,12 +14,13 @@ import ast
 import re
 
 from ..analysis import func_tail, kwarg
+from ..lazy_re import lazy
 
 BF16_PRETRAINED = re.compile(
     r"llama-?3|codellama|code-llama|mistral|mixtral|qwen|gemma|falcon|zephyr|phi-?[34]|deepseek|(^|[/_-])yi-|internlm|(^|[/_-])mpt-|baichuan"
     r"|(^|[/_-])(flan-|m|by)?t5([-_.]|$)|t5-v1_1|(^|[/_-])ul2|bloom", re.I)
-_HALF_BUILDS = re.compile(r"gptq|awq|gguf|ggml|exl2|int4|int8|4bit|8bit|bnb|-fp16|_fp16", re.I)
-_NAME_HINTS = re.compile(r"model|checkpoint|base|pretrained|repo|hub|ckpt|name", re.I)
+_HALF_BUILDS = lazy(r"gptq|awq|gguf|ggml|exl2|int4|int8|4bit|8bit|bnb|-fp16|_fp16", re.I)
+_NAME_HINTS = lazy(r"model|checkpoint|base|pretrained|repo|hub|ckpt|name", re.I)
 
 
 def bf16_family(name: str) -> str | None:

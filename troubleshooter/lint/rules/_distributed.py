@@ -13,8 +13,9 @@ import ast
 import re
 
 from ..analysis import BACKWARD, OPT_STEP, SCALER_STEP, FileModel, func_tail, names_in, tail
+from ..lazy_re import lazy
 
-RANK_NAME = re.compile(r"(^|_)(local_|global_|node_)?rank$|get_rank$|^rank(_id)?$|is_main_process$|is_master$|"
+RANK_NAME = lazy(r"(^|_)(local_|global_|node_)?rank$|get_rank$|^rank(_id)?$|is_main_process$|is_master$|"
                        r"main_process$|is_rank_zero$|is_world_process_zero$|is_local_main_process$|^RANK$", re.I)
 SYNC_NAMES = {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync", "require_forward_param_sync"}
 REDUCE_CALLS = {"all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_multigpu"}

@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 from ..analysis import (BACKWARD, HELPER_BACKWARD, walk, OPT_STEP, SCALER_STEP, ZERO_GRAD, Autocast, Event, FileModel, Scope,
                         chain_base, names_in, text)
+from ..lazy_re import lazy
 
 
 def trains(m: FileModel, scope: Scope, unmanaged: bool = False) -> bool:
@@ -27,7 +28,7 @@ def training_regions(m: FileModel, dtypes=("fp16",), unmanaged: bool = False) ->
                 yield s, ac, with_node
 
 
-_ACCUM_RE = re.compile(r"accum|acc_steps|grad_acc|iters_to_acc|micro", re.I)
+_ACCUM_RE = lazy(r"accum|acc_steps|grad_acc|iters_to_acc|micro", re.I)
 
 
 @dataclass

@@ -3,9 +3,10 @@ import ast
 import re
 
 from ..analysis import walk, DEPRECATED, text
+from ..lazy_re import lazy
 from .base import Hit, Rule
 
-_GUARD_RE = re.compile(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
+_GUARD_RE = lazy(r"version|hasattr|getattr|TORCH_|torch_ge|is_torch|packaging|parse\(|_VERSION|LooseVersion", re.I)
 _OLD_NAMES = {q.rsplit(".", 1)[1] for q in DEPRECATED}
 _OLD_NAMES_LOWER = sorted({n.lower() for n in _OLD_NAMES})  # as FileModel.may_name asks
 _FALLBACK_EXC = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}

@@ -2,12 +2,13 @@
 import re
 
 from ..analysis import GET_SCALE, SCALER_STEP, SCHED_STEP, compatible, text
+from ..lazy_re import lazy
 from .base import Hit, Rule
 
-_CHECK_RE = re.compile(r"skip|scale|found_inf|was_run|step_count|overflow|isfinite|isnan|nan|inf", re.I)
+_CHECK_RE = lazy(r"skip|scale|found_inf|was_run|step_count|overflow|isfinite|isnan|nan|inf", re.I)
 
 
-_PRESENCE = re.compile(r"^(not\s+)?([\w.]+)(\s+is(\s+not)?\s+None)?$")
+_PRESENCE = lazy(r"^(not\s+)?([\w.]+)(\s+is(\s+not)?\s+None)?$")
 
 
 def _skip_check(m, condition: str | None) -> bool:

@@ -3,6 +3,7 @@ import ast
 import re
 
 from ..analysis import names_in, text
+from ..lazy_re import lazy
 from ._steps import accumulations, divides_by
 from .base import Hit, Rule
 
@@ -49,7 +50,7 @@ if (i + 1) % accum_steps == 0:
                                       f"divided by `{n}`", f"use `loss = loss / {n}` before backward")
 
 
-_BATCH = re.compile(r"^(bs|batch_size|batch|n_samples|num_samples|nb)$|batch_?size", re.I)
+_BATCH = lazy(r"^(bs|batch_size|batch|n_samples|num_samples|nb)$|batch_?size", re.I)
 
 
 def _summed_by_design(m) -> bool:
@@ -74,7 +75,7 @@ def _counted_in_samples(m, count: ast.AST) -> bool:
     return False
 
 
-_GRAD_SCALING = re.compile(r"scale_grads?_?$|normali[sz]e_grads?_?$|div_grads?_?$", re.I)
+_GRAD_SCALING = lazy(r"scale_grads?_?$|normali[sz]e_grads?_?$|div_grads?_?$", re.I)
 
 
 def _find_summed(m) -> bool:

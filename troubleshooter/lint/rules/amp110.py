@@ -1,8 +1,8 @@
 """AMP110 checkpoint-missing-scaler-state."""
 import ast
-import re
 
 from ..analysis import MANAGED_RE, walk, SAVE, Scope, chain_base, tail, text
+from ..lazy_re import lazy
 from .base import Hit, Rule
 
 
@@ -169,7 +169,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         yield from _outside_helpers_without_scaler(m, scalers[0])
 
 
-_CHECKPOINTER = re.compile(r"Checkpointer$|CheckpointSaver$|CheckpointManager$")
+_CHECKPOINTER = lazy(r"Checkpointer$|CheckpointSaver$|CheckpointManager$")
 
 
 def _checkpointers_without_scaler(m, scaler: str):

@@ -3,9 +3,10 @@ import ast
 import re
 
 from ..analysis import walk, BACKWARD, tail
+from ..lazy_re import lazy
 from .base import Hit, Rule
 
-_SCALE_NAME = re.compile(r"loss_?scale|scale_?factor|^scale$|static_scale|loss_scaling", re.I)
+_SCALE_NAME = lazy(r"loss_?scale|scale_?factor|^scale$|static_scale|loss_scaling", re.I)
 
 
 def _factor(node: ast.AST) -> ast.AST | None:

@@ -3,6 +3,7 @@ import ast
 import re
 
 from ..analysis import walk, tail, text
+from ..lazy_re import lazy
 from ._steps import training_regions
 from .base import Hit, Rule
 
@@ -45,8 +46,8 @@ def _unstable(m, n: ast.AST) -> str | None:
     return None
 
 
-_LOG_SCALE = re.compile(r"^log_?(var|variance|std|sigma|scale|alpha)s?$|^logit_scale$", re.I)
-_LOSS_NAME = re.compile(r"loss|bce|^ce$|_ce$|^ce_|nll", re.I)
+_LOG_SCALE = lazy(r"^log_?(var|variance|std|sigma|scale|alpha)s?$|^logit_scale$", re.I)
+_LOSS_NAME = lazy(r"loss|bce|^ce$|_ce$|^ce_|nll", re.I)
 
 
 def _bounded_exp(operand: ast.AST) -> bool:
@@ -160,7 +161,7 @@ def _targets(m, call: ast.Call):
     return out
 
 
-_MODEL_NAME = re.compile(r"model|net$|^net|module|encoder|decoder|backbone", re.I)
+_MODEL_NAME = lazy(r"model|net$|^net|module|encoder|decoder|backbone", re.I)
 
 
 def _forwards(cls: ast.ClassDef) -> list:

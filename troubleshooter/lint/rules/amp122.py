@@ -1,16 +1,16 @@
 """AMP122 batchnorm-under-fp16."""
 import ast
-import re
 
 from ..analysis import tail
+from ..lazy_re import lazy
 from ._steps import training_regions
 from .base import Hit, Rule
 
-_BN_MODELS = re.compile(r"^torchvision\.models\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|"
+_BN_MODELS = lazy(r"^torchvision\.models\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|"
                         r"inception|googlenet|mnasnet|shufflenet|vgg\d+_bn)")
 _MODEL_PREFIXES = ("resnet", "resnext", "wide_resnet", "densenet", "mobilenet", "efficientnet", "regnet",
                    "inception", "googlenet", "mnasnet", "shufflenet", "vgg")
-_BN = re.compile(r"^(Sync)?BatchNorm(\d d)?$|^BatchNorm[123]d$|^SyncBatchNorm$")
+_BN = lazy(r"^(Sync)?BatchNorm(\d d)?$|^BatchNorm[123]d$|^SyncBatchNorm$")
 
 
 class BatchnormUnderFp16(Rule):
