@@ -1,4 +1,5 @@
 """[tool.amp-troubleshooter] in pyproject.toml: select/ignore/per-file-ignores; the CLI overrides it."""
+import io
 import json
 import shutil
 from pathlib import Path
@@ -190,3 +191,32 @@ def test_a_pyproject_naming_the_tool_only_as_a_dependency_or_script_is_not_parse
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project,
                           env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+def test_the_linted_paths_settings_apply_when_run_from_elsewhere(project, capsys, monkeypatch, tmp_path_factory):
+    """As ruff and the editor integration: the nearest table above the linted files, not the
+    working folder's; a closer table wins; the working folder's when the files have none."""
+    write_config(project, 'ignore = ["AMP101"]\nper-file-ignores = { "loss.py" = ["AMP117"] }\n')
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.chdir(elsewhere)
+    assert main(["lint", str(project / "train.py"), str(project / "loss.py")]) == 0
+    assert main(["lint", str(project)]) == 0
+    capsys.readouterr()
+    (project / "tests" / "pyproject.toml").write_text('[tool.amp-troubleshooter]\nselect = ["AMP101"]\n')
+    assert main(["lint", str(project / "tests" / "test_train.py")]) == 1  # the closer table: AMP101 selected
+    capsys.readouterr()
+    shutil.copy(FIXTURES / "bad_AMP101.py", elsewhere / "own.py")
+    write_config(elsewhere, 'ignore = ["AMP1"]\n')
+    outside = tmp_path_factory.mktemp("outside")
+    shutil.copy(FIXTURES / "bad_AMP101.py", outside / "train.py")
+    assert main(["lint", str(outside / "train.py")]) == 0  # no table above it: the working folder's
+    assert find_pyproject(outside) is None
+
+
+def test_stdin_takes_the_settings_above_its_name(project, capsys, monkeypatch, tmp_path_factory):
+    write_config(project, 'ignore = ["AMP101"]\n')
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.setattr("sys.stdin", io.StringIO((FIXTURES / "bad_AMP101.py").read_text()))
+    assert main(["lint", "-", "--stdin-filename", str(project / "train.py")]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO((FIXTURES / "bad_AMP101.py").read_text()))
+    assert main(["lint", "-", "--stdin-filename", "train.py"]) == 1  # a bare name: the working folder's (none)

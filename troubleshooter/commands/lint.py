@@ -61,7 +61,7 @@ def _settings(args: argparse.Namespace):
     """pyproject.toml settings with the command line's --select/--ignore in place of the file's."""
     from ..lint.config import LintConfig, load_config
 
-    config = LintConfig() if args.isolated else load_config(args.config)
+    config = LintConfig() if args.isolated else load_config(args.config, start=_search_from(args))
     if args.select is not None:
         config.select = args.select
     if args.ignore is not None:
@@ -69,6 +69,21 @@ def _settings(args: argparse.Namespace):
     if args.exclude is not None:
         config.exclude = [g.strip() for g in args.exclude.split(",") if g.strip()]
     return config
+
+
+def _search_from(args: argparse.Namespace) -> str | None:
+    """Where the pyproject.toml search starts: the folder the linted paths share (stdin's by its
+    --stdin-filename), as the editor integration starts from its file's folder, so that
+    `lint ~/proj/train.py` run from elsewhere still applies ~/proj's settings. None: the working
+    folder (stdin without a name; paths on different drives)."""
+    import os
+
+    named = [p for p in (*(args.paths or ()), args.stdin_filename) if p and p != "-"]
+    folders = [os.path.abspath(p if os.path.isdir(p) else os.path.dirname(p) or ".") for p in named]
+    try:
+        return os.path.commonpath(folders) if folders else None
+    except ValueError:
+        return None
 
 
 def _paths(args: argparse.Namespace) -> list[str]:

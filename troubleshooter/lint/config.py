@@ -183,13 +183,17 @@ def _globs(value, where: str) -> list[str]:
 
 
 def load_config(path: str | os.PathLike | None = None, start: str | os.PathLike | None = None) -> LintConfig:
-    """Settings from `path` (must exist), or from the nearest pyproject.toml; empty when none."""
+    """Settings from `path` (must exist), or from the nearest pyproject.toml above `start`, else
+    above the working folder (as ruff's settings for files outside any configured project);
+    empty when none."""
     if path is not None:
         source = Path(path)
         if not source.is_file():
             raise UserError(f"--config {path}: no such file")
     else:
         source = find_pyproject(start)
+        if source is None and start is not None:
+            source = find_pyproject()
         if source is None:
             return LintConfig()
     table = _our_table(_read(source))
