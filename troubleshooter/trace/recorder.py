@@ -832,18 +832,20 @@ class Recorder:
         """The scheduler's step in the protocol state, and AMP107 (both paths)."""
         # AMP107 is about a per-iteration schedule; a per-epoch one (many steps between its calls)
         # barely moves when one step of the epoch was skipped
-        since = self.steps - self.steps_at_scheduler.get(id(scheduler), 0)
-        self.steps_at_scheduler[id(scheduler)] = self.steps
-        per_iteration = since <= max(1, len(self.created_at))
-        if self.steps and self.last_step_via_scaler and per_iteration:
+        sid, steps, at = id(scheduler), self.steps, self.steps_at_scheduler
+        since = steps - at.get(sid, 0)
+        at[sid] = steps
+        if not self.last_step_via_scaler:
+            return
+        self.last_step_via_scaler = False
+        if steps and since <= max(1, len(self.created_at)):  # per iteration
             self.scheduler_after_scaler_steps += 1
             if self.scheduler_where is None:
                 self.scheduler_where = {"path": ev["path"], "line": ev["line"]}
             if self.last_step_skipped:
-                self.violation("AMP107", ev, f"the LR scheduler stepped right after step {self.steps - 1}, "
+                self.violation("AMP107", ev, f"the LR scheduler stepped right after step {steps - 1}, "
                                "which GradScaler skipped (inf/NaN gradients): the schedule runs ahead of "
-                               "the optimizer", skipped_step=self.steps - 1)
-        self.last_step_via_scaler = False
+                               "the optimizer", skipped_step=steps - 1)
 
     def on_save(self, obj) -> None:
         ev = self.event("torch.save")
