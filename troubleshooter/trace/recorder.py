@@ -741,13 +741,13 @@ class Recorder:
         if not self.losses:
             return None
         loss = self.losses[-1]
+        read = self._loss_read
+        if read is not None and read[0] is loss and loss._version == read[1]:  # kept only with a version
+            return read[2]  # read already this step (before the optimizer wrote): no second sync
         try:
             key = loss._version
         except RuntimeError:  # an inference tensor keeps no version counter: read it each time
             key = None
-        read = self._loss_read
-        if key is not None and read is not None and read[0] is loss and read[1] == key:
-            return read[2]  # read already this step (before the optimizer wrote): no second sync
         try:
             value = float(loss.item() if loss.dtype is torch.float32 else loss.float().item())
         except Exception:  # noqa: BLE001 - a loss tensor in an odd state must not break the trace
@@ -760,9 +760,13 @@ class Recorder:
         """A GradScaler's current scale as a float (None when disabled): read from the device once
         per value (the scale tensor's version counter tells when update() changed it)."""
         read = self._scale_read
-        if read is not None and getattr(scaler, "_scale", None) is read[0] and read[0]._version == read[1] \
-                and getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED:
-            return read[2]  # the value read last: the usual case, ~2 a step
+        if read is not None:
+            try:  # the value read last, the usual case (~3 a step): attributes read directly, no getattr
+                if scaler._scale is read[0] and read[0]._version == read[1] and scaler._enabled is True \
+                        and type(scaler).is_enabled is _IS_ENABLED:
+                    return read[2]
+            except AttributeError:  # a GradScaler-like object of another shape: below
+                pass
         if not (getattr(scaler, "_enabled", None) is True and type(scaler).is_enabled is _IS_ENABLED
                 or _scaler_enabled(scaler)):  # _scaler_enabled's usual answer without its call (~3 a step)
             return None
@@ -828,18 +832,20 @@ class Recorder:
         """The scheduler's step in the protocol state, and AMP107 (both paths)."""
         # AMP107 is about a per-iteration schedule; a per-epoch one (many steps between its calls)
         # barely moves when one step of the epoch was skipped
-        since = self.steps - self.steps_at_scheduler.get(id(scheduler), 0)
-        self.steps_at_scheduler[id(scheduler)] = self.steps
-        per_iteration = since <= max(1, len(self.created_at))
-        if self.steps and self.last_step_via_scaler and per_iteration:
+        sid, steps, at = id(scheduler), self.steps, self.steps_at_scheduler
+        since = steps - at.get(sid, 0)
+        at[sid] = steps
+        if not self.last_step_via_scaler:
+            return
+        self.last_step_via_scaler = False
+        if steps and since <= max(1, len(self.created_at)):  # per iteration
             self.scheduler_after_scaler_steps += 1
             if self.scheduler_where is None:
                 self.scheduler_where = {"path": ev["path"], "line": ev["line"]}
             if self.last_step_skipped:
-                self.violation("AMP107", ev, f"the LR scheduler stepped right after step {self.steps - 1}, "
+                self.violation("AMP107", ev, f"the LR scheduler stepped right after step {steps - 1}, "
                                "which GradScaler skipped (inf/NaN gradients): the schedule runs ahead of "
-                               "the optimizer", skipped_step=self.steps - 1)
-        self.last_step_via_scaler = False
+                               "the optimizer", skipped_step=steps - 1)
 
     def on_save(self, obj) -> None:
         ev = self.event("torch.save")
