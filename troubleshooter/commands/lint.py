@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import tokenize
 
@@ -76,8 +77,6 @@ def _search_from(args: argparse.Namespace) -> str | None:
     --stdin-filename), as the editor integration starts from its file's folder, so that
     `lint ~/proj/train.py` run from elsewhere still applies ~/proj's settings. None: the working
     folder (stdin without a name; paths on different drives)."""
-    import os
-
     named = [p for p in (*(args.paths or ()), args.stdin_filename) if p and p != "-"]
     folders = [os.path.abspath(p if os.path.isdir(p) else os.path.dirname(p) or ".") for p in named]
     try:

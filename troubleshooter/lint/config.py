@@ -95,6 +95,11 @@ def find_pyproject(start: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
+def _inside(folder: str | os.PathLike, other: str | os.PathLike) -> bool:
+    """`folder` is `other` or below it: a search from `folder` upwards has passed `other`'s chain."""
+    return Path(folder).resolve().is_relative_to(Path(other).resolve())
+
+
 MAX_PYPROJECT_BYTES = 1024 * 1024
 
 
@@ -192,8 +197,8 @@ def load_config(path: str | os.PathLike | None = None, start: str | os.PathLike 
             raise UserError(f"--config {path}: no such file")
     else:
         source = find_pyproject(start)
-        if source is None and start is not None:
-            source = find_pyproject()
+        if source is None and start is not None and not _inside(start, os.getcwd()):
+            source = find_pyproject()  # the working folder's chain: not searched yet
         if source is None:
             return LintConfig()
     table = _our_table(_read(source))

@@ -99,7 +99,7 @@ _ASSIGN_MAGIC = lazy(r"^(\s*)[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")  # files = !ls,
 _HELP = lazy(r"^(\?\??[\w.]+|[\w.]+\?\??)\s*$")  # obj? / obj?? / ?obj
 # IPython automagic: `pip install x`, `cd data`, `matplotlib inline` work without `%` in a cell
 _AUTOMAGIC = lazy(r"^(pip|conda|mamba|cd|pwd|load_ext|reload_ext|matplotlib|autoreload|env|set_env|pinfo)"
-                        r"(\s+(?![=(.\[,:+\-*/%<>!&|^])\S.*)?$")
+                  r"(\s+(?![=(.\[,:+\-*/%<>!&|^])\S.*)?$")
 
 
 def _blank(line: str) -> str:
