@@ -61,6 +61,21 @@ def test_text_line_and_format_bytes():
     assert format_bytes(3 * 1024**3) == "3.0 GiB"
 
 
+def test_short_times_never_read_as_zero_seconds():
+    """A check cut by the budget said "expected to take about 0 s ... more than its 0 s share"."""
+    import time
+
+    from troubleshooter.engine.check import _cut_entry
+    from troubleshooter.units import format_seconds
+
+    assert [format_seconds(s) for s in (12.34, 1.0, 0.48, 0.1, 0.0312, 0.0)] == \
+        ["12.3 s", "1.0 s", "0.48 s", "0.10 s", "31 ms", "0 ms"]
+    cut = _cut_entry("headroom", 0.48, time.perf_counter() + 0.3)["message"]
+    assert "about 0.48 s" in cut and "s share of the time budget" in cut and " 0 s" not in cut
+    spent = _cut_entry("nan", 0.32, time.perf_counter() - 1.0)["message"]
+    assert "about 0.32 s" in spent and "its share of the time budget was already spent" in spent
+
+
 def test_jsonable_keeps_each_reports_nonfinite_convention():
     import torch
 

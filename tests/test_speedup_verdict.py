@@ -364,3 +364,44 @@ def test_a_precision_whose_step_cannot_end_in_time_is_not_started():
     assert _no_room_for("fp16", costs, time.perf_counter() + 15.0, budget_s=20.0) is None  # it fits
     costs.record("fp16", 0.5)  # cheap work is done even past the deadline: every precision gets a number
     assert _no_room_for("fp16", costs, time.perf_counter() - 1.0, budget_s=20.0) is None
+
+
+def test_no_speedup_is_stated_over_a_cold_fp32_step():
+    """The app on an H200 (cnn, a 5 s budget): fp32 got one step, its cold first one, and bf16 two;
+    the verdict said "bf16 measured 84.37x over fp32" for a model whose warm bf16 runs at 0.8x fp32.
+    A ratio over a first-step-only baseline measures the one-time costs: none is stated."""
+    v = make_verdict({"fp32": 422.0, "bf16": 5.0}, device_type="cuda", warmup_only={"fp32": 1, "bf16": 2},
+                     first_step_only=["fp32"])
+    assert v.level == "inconclusive" and v.speedup is None and v.best_precision == "bf16"
+    assert "84" not in v.recommendation and "x over fp32" not in v.recommendation
+    assert "fp32, the baseline, was timed from its first step only" in v.inconclusive_because[0]
+    assert "fp32 422.0 ms from 1 warm-up step; bf16 5.0 ms from 2 warm-up steps" in v.recommendation
+    assert v.to_dict()["speedup"] is None and not v.findings
+    # both cold (the second app run): still no ratio; a best timed in rounds is named as such
+    v = make_verdict({"fp32": 9.0, "bf16": 4.9}, warmup_only={"fp32": 1, "bf16": 1},
+                     first_step_only=["fp32", "bf16"])
+    assert v.level == "inconclusive" and v.speedup is None
+    v = make_verdict({"fp32": 900.0, "bf16": 80.0}, warmup_only={"fp32": 1}, first_step_only=["fp32"])
+    assert "bf16 80.0 ms in interleaved rounds" in v.recommendation
+
+
+def test_the_table_gives_no_ratio_over_a_cold_fp32_step():
+    """`_results`: with fp32 timed from its first step only, no precision's speedup_vs_fp32 is filled
+    in (the table, the plot and the API read it), and the step times still are."""
+    from types import SimpleNamespace
+
+    from troubleshooter.engine.speedup import _results
+
+    def runner(seconds, too_slow):
+        return SimpleNamespace(losses=[2.0] * len(seconds), peak_memory_bytes=None, memory_method="-",
+                               too_slow=too_slow, no_rounds=too_slow, warmup_seconds=seconds, skipped_steps=0)
+
+    workload = SimpleNamespace(items_per_step=8, samples_unit="samples")
+    info = {"type": "cpu", "name": "cpu"}
+    cold = {"fp32": runner([0.42], True), "bf16": runner([0.3, 0.005], True)}
+    out = _results(cold, {"fp32": [420.0], "bf16": [5.0]}, workload, info, None)
+    assert out["fp32"]["first_step_only"] and out["bf16"]["speedup_vs_fp32"] is None
+    assert out["bf16"]["median_ms"] == 5.0
+    warm = {"fp32": runner([0.42, 0.01], True), "bf16": runner([0.3, 0.005], True)}
+    out = _results(warm, {"fp32": [10.0], "bf16": [5.0]}, workload, info, None)
+    assert out["bf16"]["speedup_vs_fp32"] == 2.0  # fp32 from a warm step: the ratio stands

@@ -1,4 +1,4 @@
-"""Numbers for people: one formatter for sizes so every report prints memory the same way."""
+"""Numbers for people: one formatter per unit so every report prints memory and time the same way."""
 from __future__ import annotations
 
 
@@ -11,3 +11,12 @@ def format_bytes(n: float | None, missing: str = "n/a") -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)  # unreachable: the loop always returns at TiB
+
+
+def format_seconds(s: float) -> str:
+    """2.04 -> '2.0 s', 0.18 -> '0.18 s', 0.004 -> '4 ms': a short time never reads as '0 s'."""
+    if s >= 1:
+        return f"{s:.1f} s"
+    if s >= 0.1:
+        return f"{s:.2f} s"
+    return f"{s * 1000:.0f} ms"

@@ -37,8 +37,10 @@ from . import proctree
 from .errors import UserError
 from .heap import freeze_imports
 
-# Modules a standby child imports while it waits (the slow part of starting a job).
-PRELOAD = ("torch",)
+# Modules a standby child imports while it waits (the slow part of starting a job). torch._dynamo:
+# every optimizer step imports it on its first call (torch.optim's `_use_grad`), 0.8 s on this
+# 2-core VM, as much as torch itself: paid here instead of inside the job's budget.
+PRELOAD = ("torch", "torch._dynamo")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding troubleshooter/
 
 # What a job's environment keeps of the server's: what PyTorch, CUDA and the BLAS libraries read,

@@ -15,6 +15,7 @@ import torch
 
 from ..findings import Finding, Severity
 from ..jsonsafe import jsonable  # non-finite numbers as "inf"/"nan": in a check they are the finding
+from ..units import format_seconds
 from ..workload import Workload
 from . import precision as prec
 from .check_options import CHECKS, DEFAULT_STEPS, FIRST_ANSWER_BUDGET_S, MAX_BUDGET_S, MAX_STEPS, parse_only, \
@@ -238,9 +239,11 @@ def _first_unit_s(name: str) -> float | None:
 
 def _cut_entry(name: str, need_s: float, deadline: float) -> dict[str, Any]:
     share = max(0.0, deadline - time.perf_counter())
+    left = (f"more than its {format_seconds(share)} share of the time budget" if share >= 0.001
+            else "and its share of the time budget was already spent")
     return {"kind": "budget", "expected_s": round(need_s, 1), "share_s": round(share, 1),
-            "message": f"the {name} check was not run: its first step is expected to take about {need_s:.0f} s "
-                       f"on this device, more than its {share:.0f} s share of the time budget "
+            "message": f"the {name} check was not run: its first step is expected to take about "
+                       f"{format_seconds(need_s)} on this device, {left} "
                        "(raise --budget, or use --only to spend it on fewer checks)"}
 
 

@@ -547,12 +547,20 @@ def _timed_rounds(runners, batches, dev, t_start, budget_s, errors, progress, se
     return samples, stop_reason, rounds, orders
 
 
+def _first_step_only(runner) -> bool:
+    """Its only figure is its first step, which pays one-time costs (CUDA kernel loading, library
+    start-up, autotuning): on a GPU often seconds for a step that then takes ms."""
+    return runner.too_slow and len(runner.warmup_seconds) == 1
+
+
 def _results(runners, samples, workload: Workload, info, flops, paired=None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     base = samples.get("fp32")
     base_med = summarize(base).median if base else None
+    if "fp32" in runners and _first_step_only(runners["fp32"]):
+        base_med = None  # one cold step: a ratio over it measures the one-time costs (make_verdict says so)
     tf32 = samples.get("tf32")
-    tf32_med = summarize(tf32).median if tf32 else None
+    tf32_med = summarize(tf32).median if tf32 and not _first_step_only(runners["tf32"]) else None
     fp32_losses = runners["fp32"].losses if "fp32" in runners else None
     # warm-ups cut short by the budget may differ in length: compare losses after the same steps
     common = min((len(r.losses) for r in runners.values()), default=0)
@@ -577,9 +585,7 @@ def _results(runners, samples, workload: Workload, info, flops, paired=None) -> 
             "losses": runner.losses,
             "warmup_steps": len(runner.losses),
             "timed_from": "warm-up" if runner.too_slow else "interleaved rounds",
-            # its only figure is its first step, which pays one-time costs (CUDA kernel loading,
-            # library start-up, autotuning): on a GPU often seconds for a step that then takes ms
-            "first_step_only": runner.too_slow and len(runner.warmup_seconds) == 1,
+            "first_step_only": _first_step_only(runner),
             "loss_rel_diff_vs_fp32": None,
             "native": _native(p, info),
         }

@@ -147,6 +147,8 @@ def make_verdict(
 
     unranked = [p for p in others if p in first_step_only]
     ranked = {p: v for p, v in others.items() if p not in unranked} or others
+    if "fp32" in first_step_only:
+        return _cold_baseline(medians, min(ranked, key=ranked.get), warmup_only or {}, notes)
     paired = {p: v for p, v in (paired or {}).items() if p in ranked and v and v.get("median")}
     if paired:
         best = max(paired, key=lambda p: paired[p]["median"])
@@ -234,6 +236,22 @@ def _first_step_note(unranked: Sequence[str]) -> str | None:
     return (f"{names} {'was' if len(unranked) == 1 else 'were'} timed from {'its' if len(unranked) == 1 else 'their'} "
             "first step only, which pays one-time costs (kernel loading, library start-up, autotuning), so "
             f"{'it was' if len(unranked) == 1 else 'they were'} not compared; rerun with a larger --budget")
+
+
+def _cold_baseline(medians: Mapping[str, float], best: str, warmup_only: Mapping[str, int],
+                   notes: list[str]) -> Verdict:
+    """fp32 timed from its first step only: that step pays the one-time costs, so every ratio over it
+    is inflated by them (a GPU app run with a 5 s budget said "84x" for a 0.8x CNN). No speedup is
+    stated; the step times are, so the user sees what was measured."""
+    def timed(p: str) -> str:
+        steps = warmup_only.get(p)
+        how = "in interleaved rounds" if steps is None else f"from {steps} warm-up step{'s' if steps != 1 else ''}"
+        return f"{p} {medians[p]:.1f} ms {how}"
+
+    why = ("fp32, the baseline, was timed from its first step only, which pays one-time costs (kernel loading, "
+           "library start-up, autotuning), so no speedup over it can be stated "
+           f"({timed('fp32')}; {timed(best)}); rerun with a larger --budget")
+    return Verdict("inconclusive", f"inconclusive: {why}", best, None, [why, *notes], inconclusive_because=[why])
 
 
 def _inconclusive(best: str, speedup: float, ci: tuple | None, doubts: list[str], notes: list[str]) -> Verdict:
