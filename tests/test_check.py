@@ -316,6 +316,15 @@ def test_the_budget_counts_from_started_at_and_keeps_a_reserve():
     r = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="alignment", budget_s=5.0,
                         started_at=__import__("time").time() - 60)  # the model took a minute to build
     assert r["budget"]["exceeded_s"] > 50  # said, not hidden
+    assert 60 <= r["timings_s"]["start_up"] < r["timings_s"]["total"]  # and where it went
+    from troubleshooter.engine.check_render import budget_markdown
+
+    assert ", 60 s of it before the checks began" in budget_markdown(r)
+    quick = check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu", only="alignment", budget_s=5.0,
+                            started_at=__import__("time").time())
+    assert "before the checks began" not in budget_markdown(quick)  # under a second explains nothing
+    assert "start_up" not in check.run_check(cw.mlp((32, 64, 10), batch_size=16), device="cpu",
+                                             only="alignment")["timings_s"]  # no start given: none claimed
     costs = StepCosts(None, "cpu")
     assert costs.expected("fp16") is None  # nothing to go on: the first step runs and is measured
     costs.record("fp16", 2.0)

@@ -202,8 +202,9 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
     _check_steps(steps)
     _check_budget(budget_s)
     budget = Budget(budget_s, {c: _BUDGET_WEIGHT[c] for c in selected})
-    if started_at is not None:
-        budget.started -= max(0.0, time.time() - started_at)
+    start_up = None if started_at is None else max(0.0, time.time() - started_at)
+    if start_up is not None:
+        budget.started -= start_up
     token = track_costs(StepCosts(workload.flops_per_step, dev))
     try:
         with cuda_policy_on_cpu(dev, policy) as policy_run, cpu_threads(dev) as threads, \
@@ -212,6 +213,8 @@ def run_check(workload: Workload, device: str | torch.device = "auto", only: str
                 result = _run_selected(workload, dev, selected, steps, seed, progress, budget_s, budget)
     finally:
         untrack(token)
+    if start_up is not None:  # on a GPU host importing torch alone took 7 s of the 9 s budget: say so
+        result["timings_s"]["start_up"] = round(start_up, 3)
     result["device"]["autocast_policy"] = describe_policy(policy_run, policy, str(dev))
     banned = [f.to_dict() for f in banned_findings(result["device"]["autocast_policy"])]
     if banned:

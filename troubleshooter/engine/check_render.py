@@ -86,6 +86,9 @@ MORE = {"cli": "To measure the rest, run again with `--budget {n}`.",
         "api": "To measure the rest, call /check again with budget_s={n}."}
 
 
+START_UP_WORTH_SAYING_S = 1.0  # below this the start-up explains no cut
+
+
 def budget_markdown(report: CheckReport | dict, surface: str = "cli") -> str:
     """The time budget, the time used, what did not fit, and how to ask for more (`surface`:
     "cli", "page" or "api", whose words the last sentence uses)."""
@@ -93,8 +96,10 @@ def budget_markdown(report: CheckReport | dict, surface: str = "cli") -> str:
     b = r.budget
     if b is None:
         return ""
-    total = r.timings_s.get("total")
+    total, start_up = r.timings_s.get("total"), r.timings_s.get("start_up")
     used = f"; the run took {num(total, 3)} s" if isinstance(total, (int, float)) else ""
+    if used and isinstance(start_up, (int, float)) and start_up >= START_UP_WORTH_SAYING_S:
+        used += f", {num(start_up, 2)} s of it before the checks began (start-up and building the model)"
     if b.budget_s is None:
         return f"Time budget: none{used}.\n"
     lines = [f"Time budget {num(b.budget_s, 4)} s{used}."]
