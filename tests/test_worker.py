@@ -73,6 +73,22 @@ def test_warm_pool_runs_each_job_in_the_standby_spawned_ahead():
         pool.close()
 
 
+def test_a_waiting_job_cuts_the_standby_preload_short():
+    """The standby imports torch._dynamo after torch (0.8 s here); a job already waiting, such as
+    the page's device probe at start-up, must not wait for that: it imports what it needs itself."""
+    from troubleshooter.worker import PRELOAD, preload
+
+    assert PRELOAD[:2] == ("torch", "torch._dynamo")
+    asked = []
+
+    def waiting():
+        asked.append(True)
+        return True
+
+    assert preload(("json", "this_module_does_not_exist", "csv"), job_waiting=lambda: False) == ["json", "csv"]
+    assert preload(("json", "xml.dom.minidom"), job_waiting=waiting) == ["json"] and asked == [True]
+
+
 # --- nothing of a job outlives it; jobs see neither the server's secrets nor unbounded memory -----
 
 def _alive(pid: int) -> bool:

@@ -39,7 +39,8 @@ from .heap import freeze_imports
 
 # Modules a standby child imports while it waits (the slow part of starting a job). torch._dynamo:
 # every optimizer step imports it on its first call (torch.optim's `_use_grad`), 0.8 s on this
-# 2-core VM, as much as torch itself: paid here instead of inside the job's budget.
+# 2-core VM, as much as torch itself: paid here instead of inside the job's budget, unless a job
+# is already waiting (`preload`).
 PRELOAD = ("torch", "torch._dynamo")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding troubleshooter/
 
@@ -112,21 +113,33 @@ def _supervise(runner: int) -> None:
         os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def preload(names: tuple[str, ...], job_waiting: Callable[[], bool]) -> list[str]:
+    """Import `names` in order, the first always; the rest only while no job is waiting, since a job
+    that needs one imports it itself (a device probe sent while a standby starts must not wait for
+    `torch._dynamo`). Returns what was imported."""
+    import importlib
+
+    done = []
+    for i, name in enumerate(names):
+        if i and job_waiting():
+            break
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        done.append(name)
+    return done
+
+
 def _runner_main(conn: Connection) -> None:
     """Take the caller's set-up (sys.path, modules to preload), then one job; answer, then wait
     to be stopped with the rest of the tree."""
-    import importlib
-
     try:
         setup = conn.recv()
     except (EOFError, OSError):
         return
     sys.path[:] = list(setup["sys_path"]) + [p for p in sys.path if p not in setup["sys_path"]]
-    for name in setup["preload"]:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    preload(setup["preload"], job_waiting=conn.poll)
     try:
         job = conn.recv()
     except (EOFError, OSError):
