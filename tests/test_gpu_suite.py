@@ -100,6 +100,10 @@ def test_the_dry_run_figures_are_plausible(dry_run):
     assert all(c["comparison"]["agree"] for c in cases.values())
     found = {label: {(f["rule"], f.get("module")) for f in c["device"]["findings"]} for label, c in cases.items()}
     assert ("AMP202", "2") in found["overflow fixture"]  # fp16 overflow in the planted layer
+    fresh = _table(check, "in a fresh process")["rows"][0]
+    assert fresh[0] == "mlp (tiny stand-in)" and fresh[1] == 3.0 and fresh[2] > 0  # budget, wall from outside
+    assert check["data"]["fresh_process"]["timings_s"]["start_up"] > 0
+    assert any(t["name"].endswith("first answer, from outside") for t in check["targets"])
     assert any(rule == "AMP203" for rule, _ in found["underflow fixture"])
 
     recipe = _table(_section(report, "recipe"), "Generated recipe")
@@ -107,7 +111,7 @@ def test_the_dry_run_figures_are_plausible(dry_run):
     assert all(x > 0 for x in _column(recipe, "tokens/s")) and _column(recipe, "error") == [None] * 2
     assert _column(recipe, "vs fp32")[0] == 1.0
 
-    nan = _section(report, "nan_overhead")["data"]["result"]
+    (nan,) = _section(report, "nan_overhead")["data"]["results"].values()
     assert set(nan["median_step_s"]) == {"plain", "nanhunt", "detect_anomaly"}
     assert all(v > 0 for v in nan["median_step_s"].values()) and "ratio" in nan
 

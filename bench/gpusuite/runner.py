@@ -162,6 +162,22 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def cli_json(args: list[str], timeout_s: float = 300) -> tuple[dict, float]:
+    """`python -m troubleshooter ARGS --format json` in a new process, as a user first runs it
+    (importing torch and loading kernels inside the command's own budget): its JSON and the wall
+    seconds timed from outside. Exit 0 and 1 (findings, a cut) are answers; anything else raises."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "troubleshooter", *args, "--format", "json"], capture_output=True,
+                          text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[2])
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout), wall
+
+
 def error_entry(exc: BaseException) -> dict:
     text = str(exc).strip()
     return {"type": type(exc).__name__, "message": text.splitlines()[0][:500] if text else "",

@@ -29,12 +29,13 @@ SECTIONS = (
     Section("speedup", "Speedup check, eager", speed.run_speedup, 100,
             "speedup on GPT-2 small and cnn, twice each; verdict vs torch.utils.benchmark; "
             "the default speedup in a fresh process"),
-    Section("check", "check on the GPU vs the CPU", checks.run, 90,
-            "check on GPT-2 small, cnn, vit and the overflow/underflow fixtures, findings vs the CPU"),
+    Section("check", "check on the GPU vs the CPU", checks.run, 100,
+            "check on GPT-2 small, cnn, vit and the overflow/underflow fixtures, findings vs the CPU; "
+            "the page's default check in a fresh process"),
     Section("recipe", "Recipe throughput", training.run_recipe, 60,
             "generated fp32/bf16/fp16 loops on GPT-2 small: tokens/s, vs fp32, MFU"),
-    Section("nan_overhead", "NaN hunt overhead", training.run_nan_overhead, 25,
-            "nanhunt vs plain vs detect_anomaly on GPT-2 small"),
+    Section("nan_overhead", "NaN hunt overhead", training.run_nan_overhead, 35,
+            "nanhunt vs plain vs detect_anomaly on GPT-2 small and the small CNN"),
     Section("profile", "Where a bf16 step's time goes", speed.run_profile, 20,
             "torch.profiler on GPT-2 small's bf16 training step: top ops, kernel time vs wall time"),
     Section("trace", "trace on the GPU", trace.run, 45, "trace on generated recipes and nanoGPT's train.py",

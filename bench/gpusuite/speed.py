@@ -158,23 +158,12 @@ def _fresh_process_speedup(ctx, res) -> None:
     """The speedup as a user first runs it: `python -m troubleshooter speedup` in a new process
     (importing torch, loading kernels and building the model inside its budget), timed from
     outside. The runs above share this process's loaded kernels, so they cannot show this."""
-    import json
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from .runner import cli_json
 
     label, preset, budget = ctx.sizes.cli_speedup
-    cmd = [sys.executable, "-m", "troubleshooter", "speedup", "--preset", preset, "--device", ctx.device,
-           "--format", "json"] + ([] if budget is None else ["--budget", str(budget)])
+    args = ["speedup", "--preset", preset, "--device", ctx.device] + ([] if budget is None else ["--budget", str(budget)])
     with res.step(f"{label}: the default speedup in a fresh process"):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                              cwd=Path(__file__).resolve().parents[2])
-        wall = time.perf_counter() - t0
-        if proc.returncode not in (0, 1):
-            raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-        out = json.loads(proc.stdout)
+        out, wall = cli_json(args)
         st, v = out["settings"], out["verdict"]
         res.data["fresh_process"] = {"wall_s": wall, "settings": st, "verdict": v}
         res.table("Speedup check: the default run in a fresh process (CLI, timed from outside)",
