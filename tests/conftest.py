@@ -78,24 +78,38 @@ class _SubprocessForkingTheTraceChild:
                                 start_new_session=start_new_session, **other)
 
 
-@pytest.fixture(autouse=True)
-def _trace_child_from_a_warm_interpreter(request, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _trace_child_from_a_warm_interpreter():
     """An in-process `trace_script` starts its child by forking a zygote that imported torch once,
     not as a fresh interpreter that imports it again (about 1.3 CPU-seconds per trace, ~60 traces).
     The child then runs exactly as `python -m troubleshooter.trace.child` (which imports torch
     first thing anyway). The fresh interpreter stays tested: tests marked `fresh_trace_child`, and
-    every trace the app, a worker or the CLI starts (other processes, not patched).
+    every trace the app, a worker or the CLI starts (other processes, not patched). Session-wide,
+    so module fixtures that trace are covered too. AMP_TS_NO_ZYGOTE=1: fresh interpreters.
     A zygote first started during a trace is a new descendant of this process, which the trace
     would kill as the script's leftover: it holds only other traces' children (a script's
-    orphans come to us, the subreaper), so it is spared as they are. AMP_TS_NO_ZYGOTE=1: fresh."""
-    if os.environ.get("AMP_TS_NO_ZYGOTE") or request.node.get_closest_marker("fresh_trace_child"):
-        return
+    orphans come to us, the subreaper), so it is spared as they are."""
     try:
         from troubleshooter.trace import runner  # imported at collection already (tests/test_trace.py)
     except ImportError:
+        yield None
+        return
+    if os.environ.get("AMP_TS_NO_ZYGOTE"):
+        yield None
         return
     from tests import _scriptrunner
 
     other_traces = runner._other_traces
-    monkeypatch.setattr(runner, "subprocess", _SubprocessForkingTheTraceChild())
-    monkeypatch.setattr(runner, "_other_traces", lambda: other_traces() | _scriptrunner.zygote_pids())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "subprocess", _SubprocessForkingTheTraceChild())
+        mp.setattr(runner, "_other_traces", lambda: other_traces() | _scriptrunner.zygote_pids())
+        yield runner
+
+
+@pytest.fixture(autouse=True)
+def _fresh_trace_child_where_marked(request, _trace_child_from_a_warm_interpreter, monkeypatch):
+    """`@pytest.mark.fresh_trace_child`: this test's traces start `python -m troubleshooter.trace.child`
+    as users get it, a fresh interpreter."""
+    runner = _trace_child_from_a_warm_interpreter
+    if runner is not None and request.node.get_closest_marker("fresh_trace_child"):
+        monkeypatch.setattr(runner, "subprocess", subprocess)
