@@ -81,7 +81,7 @@ class _SubprocessForkingTheTraceChild:
 @pytest.fixture(scope="session", autouse=True)
 def _trace_child_from_a_warm_interpreter():
     """An in-process `trace_script` starts its child by forking a zygote that imported torch once,
-    not as a fresh interpreter that imports it again (about 1.3 CPU-seconds per trace, ~60 traces).
+    not as a fresh interpreter that imports it again (about 1.3 CPU-seconds per trace, ~45 a run).
     The child then runs exactly as `python -m troubleshooter.trace.child` (which imports torch
     first thing anyway). The fresh interpreter stays tested: tests marked `fresh_trace_child`, and
     every trace the app, a worker or the CLI starts (other processes, not patched). Session-wide,
