@@ -218,7 +218,10 @@ def start(cmd: list[str], cwd, env: dict, stdout: str, stderr: str) -> Child:
     MODULE, ...]`, forked from a zygote: stdout and stderr go to the files named."""
     if len(cmd) < 2 or cmd[0] != sys.executable or (str(cmd[1]).startswith("-") and cmd[1] != "-m"):
         raise ValueError(f"not `python SCRIPT ...` or `python -m MODULE ...`: {cmd}")
-    return _zygote_for(env).start([str(c) for c in cmd[1:]], cwd, env, stdout, stderr)
+    cwd = os.path.abspath(cwd)  # paths relative to our folder, as Popen takes them (the zygote's is another)
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(2, "No such file or directory", cwd)  # what Popen raises
+    return _zygote_for(env).start([str(c) for c in cmd[1:]], cwd, env, os.path.abspath(stdout), os.path.abspath(stderr))
 
 
 def run(cmd: list[str], cwd, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -45,6 +45,16 @@ def test_a_running_child_times_out_and_is_stopped_through_its_group(tmp_path):
     assert child.wait(60) == -signal.SIGTERM
 
 
+def test_a_relative_folder_is_ours_and_a_missing_one_fails_as_popen_does(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "probe_mod.py").write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+    child = _scriptrunner.start([sys.executable, "-m", "probe_mod"], "sub", dict(os.environ), "out", "err")
+    assert child.wait(120) == 3 and json.loads((tmp_path / "out").read_text())["cwd"] == str(tmp_path / "sub")
+    with pytest.raises(FileNotFoundError):
+        _scriptrunner.start([sys.executable, "-m", "probe_mod"], "missing", dict(os.environ), "out", "err")
+
+
 def test_other_command_lines_are_refused(tmp_path):
     with pytest.raises(ValueError):
         _scriptrunner.start([sys.executable, "-c", "pass"], tmp_path, dict(os.environ), "o", "e")
