@@ -14,6 +14,11 @@ capture_output=True, text=True)`. There is one zygote per set of the variables a
 torch or OpenMP read as they start (PYTHONPATH, OMP_NUM_THREADS, ...), started with them.
 Commands that are not `[sys.executable, SCRIPT, ...]` go to `subprocess.run`, as do all of them
 with AMP_TS_NO_ZYGOTE=1 (to compare with fresh interpreters).
+
+`start(cmd, cwd, env, stdout_path, stderr_path)` is the `subprocess.Popen` of it (a `Child`: pid,
+poll(), wait(), returncode), for `[sys.executable, SCRIPT, ...]` and `[sys.executable, "-m",
+MODULE, ...]` (run as `python -m MODULE` would: the working folder first on `sys.path`); the
+trace tests start `python -m troubleshooter.trace.child` through it (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -30,7 +35,10 @@ import threading
 # Variables read when an interpreter (or torch, or OpenMP) starts: a script needing other values
 # than the zygote started with gets a fresh interpreter instead.
 _STARTUP_VARS = ("PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE", "PYTHONOPTIMIZE",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH")
+                 "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD",
+                 "LD_LIBRARY_PATH")
+# ... and every variable torch may read as it is imported (a child inherits the zygote's torch).
+_STARTUP_PREFIXES = ("TORCH_", "PYTORCH_")
 
 
 # ---------------------------------------------------------------- the zygote (its own process)
@@ -96,10 +104,15 @@ def _child(req: dict) -> None:
         os.dup2(f, fd)
         os.close(f)
     os.close(null)
-    script = req["argv"][0]
-    sys.argv = list(req["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    argv = list(req["argv"])
+    if argv[0] == "-m":  # `python -m MODULE ARGS`: the working folder first on sys.path, argv[0] the module's file
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
     sys.exit(0)
 
 
@@ -114,6 +127,7 @@ class _Zygote:
         self.changed = threading.Condition()
         self.replies: dict[str, dict] = {}
         self.count = 0
+        self.gone = False  # the zygote's replies ended (it exited or was killed)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -122,28 +136,50 @@ class _Zygote:
             with self.changed:
                 self.replies.setdefault(msg["id"], {}).update(msg)
                 self.changed.notify_all()
+        with self.changed:
+            self.gone = True
+            self.changed.notify_all()
 
-    def run(self, argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
-        with tempfile.TemporaryDirectory(prefix="scriptrun-") as tmp:
-            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            with self.changed:
-                self.count += 1
-                rid = str(self.count)
+    def start(self, argv: list[str], cwd, env: dict, stdout: str, stderr: str) -> Child:
+        with self.changed:
+            self.count += 1
+            rid = str(self.count)
+            try:
                 self.proc.stdin.write((json.dumps({"id": rid, "argv": argv, "cwd": str(cwd), "env": env,
-                                                   "stdout": out, "stderr": err}) + "\n").encode())
+                                                   "stdout": stdout, "stderr": stderr}) + "\n").encode())
                 self.proc.stdin.flush()
-                ended = self.changed.wait_for(lambda: "returncode" in self.replies[rid] if rid in self.replies
-                                              else False, timeout)
-                reply = self.replies.pop(rid, {})
-            if not ended:
-                if "pid" in reply:
-                    try:
-                        os.killpg(reply["pid"], signal.SIGKILL)  # the script's whole session
-                    except ProcessLookupError:
-                        pass
-                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
-            with open(out, encoding="utf-8", errors="replace") as fo, open(err, encoding="utf-8", errors="replace") as fe:
-                return subprocess.CompletedProcess([sys.executable, *argv], reply["returncode"], fo.read(), fe.read())
+            except OSError as exc:
+                raise OSError(f"the zygote is gone: {exc}") from None
+            self.changed.wait_for(lambda: "pid" in self.replies.get(rid, {}) or self.gone, 120)
+            pid = self.replies.get(rid, {}).get("pid")
+        if pid is None:
+            raise OSError("the zygote did not fork the child")
+        return Child(self, rid, pid, [sys.executable, *argv])
+
+
+class Child:
+    """A script forked from a zygote, as `subprocess.Popen` shows a child: `pid` (its session and
+    process group too), `poll()`, `wait(timeout)`, `returncode`."""
+
+    def __init__(self, zygote: _Zygote, rid: str, pid: int, args: list[str]):
+        self._zygote, self._rid, self.pid, self.args = zygote, rid, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with self._zygote.changed:
+                reply = self._zygote.replies.get(self._rid, {})
+                if "returncode" in reply:
+                    self.returncode = self._zygote.replies.pop(self._rid)["returncode"]
+                elif self._zygote.gone:
+                    self.returncode = -signal.SIGKILL  # its zygote was killed: nothing will say how it ended
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._zygote.changed:
+            if not self._zygote.changed.wait_for(lambda: self.poll() is not None, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
 
 
 _ZYGOTES: dict[tuple, _Zygote] = {}  # one per set of interpreter start-up variables
@@ -161,6 +197,33 @@ def _stop_zygotes() -> None:
             zygote.proc.kill()
 
 
+def zygote_pids() -> set[int]:
+    """The zygotes' own processes (their forked children are not among them)."""
+    return {z.proc.pid for z in list(_ZYGOTES.values())}
+
+
+def _zygote_for(env: dict) -> _Zygote:
+    key = tuple(env.get(k) for k in _STARTUP_VARS) + tuple(sorted(
+        (k, v) for k, v in env.items() if k.startswith(_STARTUP_PREFIXES)))
+    with _START:
+        zygote = _ZYGOTES.get(key)
+        if zygote is None or zygote.proc.poll() is not None:
+            zygote = _ZYGOTES[key] = _Zygote(env)
+    return zygote
+
+
+def start(cmd: list[str], cwd, env: dict, stdout: str, stderr: str) -> Child:
+    """`subprocess.Popen(cmd, cwd=cwd, env=env, stdin=DEVNULL, stdout=<file>, stderr=<file>,
+    start_new_session=True)` for cmd `[sys.executable, SCRIPT, ...]` or `[sys.executable, "-m",
+    MODULE, ...]`, forked from a zygote: stdout and stderr go to the files named."""
+    if len(cmd) < 2 or cmd[0] != sys.executable or (str(cmd[1]).startswith("-") and cmd[1] != "-m"):
+        raise ValueError(f"not `python SCRIPT ...` or `python -m MODULE ...`: {cmd}")
+    cwd = os.path.abspath(cwd)  # paths relative to our folder, as Popen takes them (the zygote's is another)
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(2, "No such file or directory", cwd)  # what Popen raises
+    return _zygote_for(env).start([str(c) for c in cmd[1:]], cwd, env, os.path.abspath(stdout), os.path.abspath(stderr))
+
+
 def run(cmd: list[str], cwd, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)`, with a
     forked child of a zygote when cmd is `[sys.executable, SCRIPT, ARGS...]`."""
@@ -168,9 +231,16 @@ def run(cmd: list[str], cwd, env: dict | None = None, timeout: float = 240) -> s
     cwd = os.getcwd() if cwd is None else cwd
     if len(cmd) < 2 or cmd[0] != sys.executable or str(cmd[1]).startswith("-") or os.environ.get("AMP_TS_NO_ZYGOTE"):
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    key = tuple(env.get(k) for k in _STARTUP_VARS)
-    with _START:
-        zygote = _ZYGOTES.get(key)
-        if zygote is None or zygote.proc.poll() is not None:
-            zygote = _ZYGOTES[key] = _Zygote(env)
-    return zygote.run([str(c) for c in cmd[1:]], cwd, env, timeout)
+    with tempfile.TemporaryDirectory(prefix="scriptrun-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        child = start(cmd, cwd, env, out, err)
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # the script's whole session
+            except ProcessLookupError:
+                pass
+            raise
+        with open(out, encoding="utf-8", errors="replace") as fo, open(err, encoding="utf-8", errors="replace") as fe:
+            return subprocess.CompletedProcess([sys.executable, *cmd[1:]], child.returncode, fo.read(), fe.read())

@@ -189,6 +189,7 @@ def test_script_that_raises_in_its_own_code():
     assert render_github(r).startswith("::error file=")
 
 
+@pytest.mark.fresh_trace_child  # the launch as users get it: a fresh interpreter, stopped and cleaned up
 def test_script_that_never_stops_hits_the_time_limit():
     r = trace("forever", timeout_s=8)
     assert r["exit"]["status"] == "timeout" and r["steps_observed"] == 0
@@ -225,6 +226,7 @@ def test_bad_input_raises_user_error(tmp_path):
         trace_script(ok, args="--lr 1")
 
 
+@pytest.mark.fresh_trace_child  # the launch as users get it: a fresh interpreter, stopped and cleaned up
 def test_nothing_the_script_starts_outlives_the_trace(tmp_path):
     """A setsid() child and a double-forked daemon escape the script's process group; the trace
     still stops them (they re-parent to it as a subreaper)."""
