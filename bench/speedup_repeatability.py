@@ -88,7 +88,9 @@ def compare(first: dict, second: dict) -> dict:
         cold = [i for i, g in enumerate(got, 1) if g.get("first_step_only")]
         if missing:
             run = runs[missing - 1]
-            why = f"run {missing}: " + (run.get("skipped", {}).get(p) or run.get("errors", {}).get(p) or "no figure")
+            cold_base = (run["results"].get("fp32") or {}).get("first_step_only")  # no ratio over it (make_verdict)
+            why = f"run {missing}: " + (run.get("skipped", {}).get(p) or run.get("errors", {}).get(p)
+                                        or ("fp32 timed from a cold first step only" if cold_base else "no figure"))
         else:
             why = f"run {' and '.join(map(str, cold))} timed from a cold first step only" if cold else None
         out[p] = {"run1": a, "run2": b, "rel_diff": None if missing else abs(a - b) / ((a + b) / 2),

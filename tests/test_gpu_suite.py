@@ -430,6 +430,11 @@ def test_repeatability_does_not_judge_a_figure_from_a_cold_first_step():
     assert warm["not_comparable"] is None and warm["rel_diff"] < 0.05
     cold = compare(run(0.257, True), run(3.99, False))["bf16"]
     assert cold["not_comparable"] == "run 1 timed from a cold first step only"
+    # fp32 cold: the run states no ratio at all (make_verdict), and the row says why
+    cold_base = {"results": {"fp32": {"speedup_vs_fp32": None, "first_step_only": True},
+                             "bf16": {"speedup_vs_fp32": None, "spread": 0.0}}}
+    pair = compare(cold_base, run(3.99, False))["bf16"]
+    assert pair["missing"] and pair["not_comparable"] == "run 1: fp32 timed from a cold first step only"
 
 
 def test_a_precision_one_run_left_untimed_is_a_row_with_the_reason():
