@@ -8,6 +8,8 @@ the observers), `patches` (hooks and wrappers), `recorder` (events per step and 
 state), `numerics` (first non-finite module, headroom), `analysis` (events -> Findings) and
 `report` (the JSON object and its renderings); `trace --nproc`: `rank` (a rank's torch.distributed
 observers) and `merge` (the ranks' reports as one), launched by `troubleshooter.torchrun`.
+Only the child imports torch: this process (`analysis`, `report`, `runner`, `merge`) builds the
+report from the child's JSON without it (`import troubleshooter.trace` loads no torch).
 """
 from __future__ import annotations
 
