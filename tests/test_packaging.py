@@ -97,6 +97,7 @@ def test_lint_rules_explain_recipe_ask_work_without_torch_or_gradio(tmp_path):
 
 
 @pytest.mark.parametrize("argv, needs", [(["capability"], "torch"), (["check", "--preset", "mlp"], "torch"),
+                                         (["trace", "train.py"], "torch"),  # its parent looks torch up, never imports it
                                          (["app", "--port", "7999"], "gradio"), (["server"], "pygls")])
 def test_engine_and_app_commands_name_the_extra_to_install(tmp_path, argv, needs):
     proc = run_blocked(tmp_path, *argv)

@@ -1,6 +1,6 @@
-"""The app's server process never imports torch for a preset or YAML check or speedup: it hands the
-job to a worker by reference, and the worker has torch (issue 28: the first check paid ~3 s and
-150 MiB importing it in the server)."""
+"""The app's server process never imports torch for a preset or YAML check, a speedup or a trace: it
+hands the job to a worker by reference, and the worker has torch (issue 28: the first check paid
+~3 s and 150 MiB importing it in the server)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,23 +9,27 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import pickle, sys
-    from troubleshooter.ui import check, jobs, speedup, specinput
+    from troubleshooter.ui import check, jobs, speedup, specinput, trace
+    from troubleshooter.ui.server import SETTINGS
     handed = []
 
     def run_job(func, *args, **kwargs):
         handed.append(func)
         pickle.dumps(func)  # crosses to the worker by reference
+        return {"findings": []} if func.__name__ == "_traced" else None  # the trace's JSON, cleaned here
 
     jobs.run_job = run_job
     source = specinput.preset_source("mlp", "")
     check.run(source, "cpu")
     speedup.measure(source, "cpu")
-    assert [f.__module__ for f in handed] == ["troubleshooter.jobs_entry"] * 2, handed
+    SETTINGS.allow_exec = True
+    trace.run("print('hello')", None, steps=2, device="cpu")
+    assert [f.__module__ for f in handed] == ["troubleshooter.jobs_entry"] * 2 + ["troubleshooter.ui.trace"], handed
     print("torch imported:", "torch" in sys.modules)
 """)
 
 
-def test_a_check_and_a_speedup_are_handed_to_a_worker_without_importing_torch():
+def test_a_check_a_speedup_and_a_trace_are_handed_to_a_worker_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "torch imported: False" in out.stdout

@@ -29,3 +29,12 @@ def jsonable(obj: Any, nonfinite: Literal["string", "null"] = "string") -> Any:
     if hasattr(obj, "numel") and hasattr(obj, "item") and obj.numel() == 1:  # a torch scalar tensor
         return jsonable(obj.item(), nonfinite)
     return str(obj)
+
+
+def number(x: float) -> float | str:
+    """A JSON-safe number: finite floats as floats (6 significant digits), else 'inf'/'nan'."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(f"{x:.6g}")

@@ -65,6 +65,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..jsonsafe import number  # torch-free there: the findings the trace parent builds use it too
 from .hook_registry import ours, remove
 
 _MAX_NEST = 4  # how deep we look into tuples/lists/dicts of a module's inputs and outputs
@@ -159,15 +160,6 @@ def combined_value(values) -> str:
     pos = bool(seen & {"inf", "inf and -inf"})
     neg = bool(seen & {"-inf", "inf and -inf"})
     return "inf and -inf" if pos and neg else ("-inf" if neg else "inf")
-
-
-def number(x: float) -> float | str:
-    """A JSON-safe number: finite floats as floats (6 significant digits), else 'inf'/'nan'."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return float(f"{x:.6g}")
 
 
 

@@ -8,7 +8,6 @@ only: the scale after `update()` is lower than before exactly when the step was 
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -20,14 +19,13 @@ from . import precision as prec
 from .budget import no_room, record_step_s
 from .training_step import build, device_batch, training_step
 from .results import DEFAULT_INIT_SCALE, SkipRateResult  # noqa: F401 - the class crosses to the app torch-free
+from .skip_summary import summarize  # torch-free: the trace parent reads its skips with it
 
 RULE, NAME = "AMP204", "high-skip-rate"
 # Wall-clock cap for the probe: fp16 on a CPU without fp16 instructions can take seconds a step.
 DEFAULT_BUDGET_S = 20.0
 # Steps after calibration needed before the budget may stop the probe (to judge later skips).
 MIN_STEPS_AFTER_CALIBRATION = 4
-PERSISTENT_RATE = 0.10  # skipping more than 1 step in 10 after calibration is not noise
-CALIBRATION_NOTE = 3  # this many skips before the first good step is worth a lower init_scale
 
 
 def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
@@ -80,51 +78,6 @@ def run_steps(workload: Workload, device: torch.device, steps: int, seed: int,
         out.append({"step": i, "loss": loss, "scale_before": b, "scale_after": a,
                     "skipped": skipped, "phase": "calibration" if calibrating else "training"})
     return out
-
-
-def summarize(steps: list[dict[str, Any]], init_scale: float = DEFAULT_INIT_SCALE) -> tuple[dict, dict]:
-    """(summary, recommendation) from the per-step series; pure, so it is tested on made-up series."""
-    n = len(steps)
-    calib = [s for s in steps if s["phase"] == "calibration"]
-    after = [s for s in steps if s["phase"] == "training"]
-    skipped_after = sum(s["skipped"] for s in after)
-    nonfinite = sum(1 for s in steps if not math.isfinite(s["loss"]))
-    final = steps[-1]["scale_after"] if steps else init_scale
-    min_scale = min((s["scale_after"] for s in steps), default=init_scale)
-    settled = after[0]["scale_before"] if after else None
-    rate_after = skipped_after / len(after) if after else None
-    summary = {
-        "steps": n, "skipped": len(calib) + skipped_after,
-        "skipped_calibration": len(calib), "skipped_after_calibration": skipped_after,
-        "steps_after_calibration": len(after), "skip_rate": (len(calib) + skipped_after) / n if n else None,
-        "skip_rate_after_calibration": rate_after, "calibration_ended": bool(after),
-        "nonfinite_losses": nonfinite, "final_scale": final, "min_scale": min_scale,
-        "settled_scale": settled,
-    }
-    if n and min_scale < 1:
-        rec = {"action": "bf16", "severity": "error",
-               "reason": f"the loss scale fell to {min_scale:g} (below 1): even unscaled, this model's "
-                         "gradients or activations overflow float16"}
-    elif n and nonfinite == n:
-        rec = {"action": "bf16", "severity": "error",
-               "reason": f"the fp16 loss was not finite on all {n} steps: the forward pass overflows "
-                         "float16, which no loss scale can fix"}
-    elif rate_after is not None and skipped_after >= 2 and rate_after > PERSISTENT_RATE:
-        rec = {"action": "bf16", "severity": "warning",
-               "reason": f"{skipped_after} of {len(after)} steps after calibration were skipped "
-                         f"({rate_after:.0%}): float16 keeps overflowing at scale {final:g}"}
-    elif n and not after:
-        rec = {"action": "lower_init_scale", "severity": "warning", "init_scale": final,
-               "reason": f"all {n} steps were skipped while the scale came down from {init_scale:g} "
-                         f"to {final:g}; the scaler had not found a usable scale yet"}
-    elif len(calib) >= CALIBRATION_NOTE:
-        rec = {"action": "lower_init_scale", "severity": "info", "init_scale": settled,
-               "reason": f"the first {len(calib)} steps were skipped while the scale came down "
-                         f"from {init_scale:g} to {settled:g}"}
-    else:
-        rec = {"action": "fine", "severity": None,
-               "reason": f"{len(calib)} calibration skip(s), {skipped_after} after; final scale {final:g}"}
-    return summary, rec
 
 
 _SUGGESTION = {

@@ -8,10 +8,14 @@ the observers), `patches` (hooks and wrappers), `recorder` (events per step and 
 state), `numerics` (first non-finite module, headroom), `analysis` (events -> Findings) and
 `report` (the JSON object and its renderings); `trace --nproc`: `rank` (a rank's torch.distributed
 observers) and `merge` (the ranks' reports as one), launched by `troubleshooter.torchrun`.
+Only the child imports torch: this process (`analysis`, `report`, `runner`, `merge`) builds the
+report from the child's JSON without it (`import troubleshooter.trace` loads no torch).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from typing import Callable, Sequence
 
 from ..errors import UserError
@@ -36,6 +40,8 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     and the report merges them (trace/merge.py, docs/distributed.md). `raw`: a child's result
     already run (one rank's), reported instead of running the script. `steady` False keeps every
     instrument armed on every step (`--no-steady`; docs/trace.md, "Steady state")."""
+    if raw is None:
+        require_torch()
     from ..explain import explain_log
     from ..jsonsafe import jsonable
     from . import analysis, framework_report, report
@@ -54,7 +60,7 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if not timeout_s > 0:
         raise UserError(f"timeout must be positive, got {timeout_s:g}")
     device_env(device)  # validates
-    from ..engine.autocast_policy import check_policy
+    from ..engine.check_options import check_policy  # torch-free: the parent of a trace never imports torch
 
     autocast_policy = check_policy(autocast_policy)
     if raw is None and nproc is not None:
@@ -85,3 +91,11 @@ def trace_script(script: str | os.PathLike, args: Sequence[str] = (), steps: int
     if progress is not None:
         progress(1.0, "trace finished")
     return out
+
+
+def require_torch() -> None:
+    """The child runs the script with torch. Where torch is not installed (the lint-only install)
+    the CLI says so and names the extra, as for every engine command, instead of reporting a
+    child that died; torch is looked up here, not imported (this process never needs it)."""
+    if sys.modules.get("torch") is None and importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..engine.autocast_policy import banned_findings
-from ..engine.nanhunt import _backward_finding, _forward_finding
-from ..engine.skiprate import summarize
+from ..engine.collapse_findings import collapse_finding, fold_consequences
+from ..engine.nonfinite_findings import backward_finding, forward_finding, made_by
+from ..engine.skip_summary import summarize
+from ..engine.unsafe_op_findings import banned_findings
 from ..findings import Finding, Location, Severity
 from ..lint.rules import BY_ID
-from .numerics import is_real, making_module
+from .nonfinite_event import is_real
 from .precision import not_in_effect_findings
 
 SCRIPT_RAISED = ("AMP290", "script-raised")  # the traced script itself raised
@@ -124,11 +125,11 @@ def numerics_findings(numerics: dict, series: list[dict], timeline: list[dict] |
     if fwd is not None or not loss_finite:
         if fwd is not None:
             fwd = {**fwd, "step": first["step"]}
-        f = _forward_finding(p, {"failed_step": first["step"], "loss_finite": loss_finite,
-                                 "loss_kind": loss if isinstance(loss, str) else None}, fwd, {},
-                             reference=first.get("reference"))
+        f = forward_finding(p, {"failed_step": first["step"], "loss_finite": loss_finite,
+                                "loss_kind": loss if isinstance(loss, str) else None}, fwd, {},
+                            reference=first.get("reference"))
     elif bwd is not None:
-        f = _backward_finding(p, {}, bwd)
+        f = backward_finding(p, {}, bwd)
     else:
         return []
     data = {**f.data, "seen": SEEN, "step": first["step"], "phase": "forward" if fwd is not None else "backward",
@@ -209,8 +210,6 @@ def steady_findings(numerics: dict, findings: list[Finding], timeline: list[dict
 def collapse_findings(numerics: dict) -> list[Finding]:
     """AMP212 (--nan): the first step's half-precision forward flattened a module's output where
     float32's varies; located at the op that started it when it is in the user's files."""
-    from ..engine.collapse import collapse_finding
-
     event = numerics.get("collapse")
     if not event:
         return []
@@ -286,7 +285,7 @@ def _backward_of_step(timeline: list[dict], step: int) -> dict | None:
     return None
 
 
-_making_module = making_module  # where the child decided it, for the same reading here
+_making_module = made_by  # where the child decided it (numerics.making_module), for the same reading here
 
 
 def headroom_findings(numerics: dict, where: dict | None = None) -> list[Finding]:
@@ -352,8 +351,6 @@ def all_findings(raw: dict, explained: list[dict], precision: dict) -> list[Find
     findings = protocol_findings(raw.get("violations") or [])
     findings += scheduler_note(raw)
     numerics = raw.get("numerics") or {}
-    from ..engine.collapse import fold_consequences
-
     findings += fold_consequences(steady_findings(
         numerics, numerics_findings(numerics, raw.get("series") or [], raw.get("timeline") or [])
         + collapse_findings(numerics), raw.get("timeline") or []))

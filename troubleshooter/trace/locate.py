@@ -3,19 +3,30 @@ the standard library and installed packages, so a finding points into whichever 
 files made the call."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
 import sysconfig
 import traceback
 
-import torch
 
-_SKIP = tuple(sorted({
-    os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,  # troubleshooter/
-    os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep,
-}))
+def _torch_folder() -> str | None:
+    """torch's package folder, found without importing torch: the trace parent imports this
+    module to shorten paths and never needs torch itself (importing it cost every CLI trace
+    ~1 s here, 7 s on a fresh GPU host). None where torch is not installed."""
+    try:
+        spec = importlib.util.find_spec("torch")  # torch's own spec once it is imported
+    except (ImportError, ValueError):  # ValueError: a `torch` in sys.modules without a spec
+        return None
+    return os.path.dirname(os.path.realpath(spec.origin)) if spec is not None and spec.origin else None
+
+
+_SKIP = tuple(sorted({folder + os.sep for folder in (
+    _torch_folder(),
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))),  # troubleshooter/
+    os.path.realpath(sysconfig.get_paths()["stdlib"]),
+) if folder}))
 # Installed third-party code (transformers' Trainer, typing_extensions' @deprecated wrapper around
 # torch.cuda.amp.GradScaler) is not the user's to fix: a finding points at the user's call into
 # it. Without a virtualenv site-packages sits below the stdlib path and was skipped with it; in a

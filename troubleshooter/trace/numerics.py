@@ -26,8 +26,9 @@ from torch import nn
 
 from ..engine.hook_registry import ours, remove
 from ..engine.nanhooks import HOOK_ENTRY_POINTS, HookSet, _tensors, number
-from ..engine.nanhunt import blamed_module, made_by
+from ..engine.nonfinite_findings import blamed_module, made_by
 from .locate import is_user_file
+from .nonfinite_event import is_real
 from .outside import OutsideOps
 from .recorder import Recorder, _autocast_now
 
@@ -728,11 +729,6 @@ def _autocast_of_step(entry: dict) -> str | None:
         if ev.get("kind") == "autocast" and ev.get("enabled") and ev.get("dtype") in ("float16", "bfloat16"):
             return ev["dtype"]
     return None
-
-
-def is_real(event: dict) -> bool:
-    """Not a GradScaler calibration skip: the forward or the loss itself went non-finite."""
-    return not event.get("skipped") or event.get("forward") is not None or isinstance(event.get("loss"), str)
 
 
 def _nonfinite_step(step: dict) -> bool:

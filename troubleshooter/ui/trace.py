@@ -80,7 +80,7 @@ def run(code: str | None, upload, args: str | None = "", steps=20, device: str =
     _trace_fn()  # an absent trace module is refused here, before a worker starts
     argv, n = parse_args(args), parse_steps(steps)
     device = host.validate_device(device)
-    from ..engine.autocast_policy import check_policy
+    from ..engine.check_options import check_policy  # torch-free: the server validates the option
 
     autocast_policy = check_policy(autocast_policy)
     ranks = parse_nproc(nproc, device)
