@@ -216,9 +216,11 @@ class ForkedSupervisor:
     def _read_until(self, done, timeout: float | None) -> None:
         """Read the status pipe until `done()`, its end, or `timeout` seconds (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        pipe = select.poll()  # not select(): a server's descriptors may number above 1024
+        pipe.register(self._fd, select.POLLIN)
         while self.returncode is None and not done():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._fd], [], [], left)[0]:
+            left = None if deadline is None else max(0, round((deadline - time.monotonic()) * 1000))
+            if not pipe.poll(left):
                 return
             chunk = os.read(self._fd, 256)
             if not chunk:
@@ -324,8 +326,8 @@ class Zygotes:
 
     def fork(self, job_sock: socket.socket, env: dict[str, str] | None) -> ForkedSupervisor | None:
         """A supervisor forked for the job socket, or None: start a fresh interpreter instead."""
-        if os.environ.get(SWITCH, "1") == "0":
-            return None
+        if os.environ.get(SWITCH, "1") == "0" or not sys.platform.startswith("linux"):
+            return None  # off, or not Linux (as `proctree`, this relies on Linux's /proc and prctl)
         env = dict(os.environ) if env is None else env
         flags = subprocess._args_from_interpreter_flags()
         key = (tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)), tuple(flags), tuple(sys.path))
@@ -342,6 +344,8 @@ class Zygotes:
             try:
                 if z is None:
                     z = self._current = Zygote(self.preload, env, flags, key)
+                    log.debug("worker zygote %d started for preload %s%s", z.proc.pid, self.preload,
+                              " (the environment, flags or sys.path changed)" if retired else "")
                 forked = z.fork(job_sock, env)
             except OSError as exc:
                 log.warning("the worker zygote cannot be used (%s); jobs start fresh interpreters", exc)
