@@ -357,7 +357,7 @@ class Zygotes:
 
     @staticmethod
     def ended(z: Zygote) -> bool:
-        """Whether `z` has ended (by itself: we retire, never kill, a current one); logged once."""
+        """Whether `z` has ended (died, or was killed as stuck: we never retire the current one); logged once."""
         code = z.proc.poll()
         if code is not None and not z.reported:
             z.reported = True
