@@ -3,6 +3,7 @@ AMP_TEST_GATE exists (at most 60 s), so a test can see what a zygote serves whil
 import os
 import time
 
+_gate = os.environ.get("AMP_TEST_GATE")
 _deadline = time.monotonic() + 60
-while not os.path.exists(os.environ.get("AMP_TEST_GATE", "")) and time.monotonic() < _deadline:
+while _gate and not os.path.exists(_gate) and time.monotonic() < _deadline:
     time.sleep(0.02)
