@@ -257,7 +257,8 @@ class _Worker:
         self.conn.send({"sys_path": list(sys.path), "preload": self.preload})
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int | None:
+        """The supervisor's pid (None: its zygote ended before forking it)."""
         return self.proc.pid
 
     def usable(self) -> bool:
