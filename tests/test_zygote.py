@@ -150,9 +150,11 @@ def test_a_killed_zygote_is_replaced_by_fresh_interpreters(clean_limits, caplog)
         pool.close()
 
 
-def test_a_zygote_with_a_thread_running_forks_nothing(clean_limits, caplog):
-    """Forking beside a running thread is not safe: the zygote stops and the job starts fresh."""
-    pool = WarmPool(preload=("tests._thread_import",))
+@pytest.mark.parametrize("module", ["tests._thread_import", "tests._cuda_initialized_import"])
+def test_a_zygote_forks_nothing_once_forking_is_unsafe(clean_limits, caplog, module):
+    """Beside a running thread, or once CUDA is initialized, a forked child would be broken: the
+    zygote stops and the job starts fresh."""
+    pool = WarmPool(preload=(module,))
     try:
         with caplog.at_level(logging.WARNING):
             facts = pool.run("k", jobs.process_facts, timeout_s=60)

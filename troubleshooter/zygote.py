@@ -31,10 +31,10 @@ reads this as `subprocess.Popen` would: pid, poll, wait, returncode).
 - Reaping: the zygote reaps the supervisors (its children). It becomes a subreaper only to shut
   down; while it serves, what a killed job tree leaves goes to the caller (a subreaper,
   `proctree`), which reaps it before its `kill_tree` returns, as before.
-- Fallback: a zygote that dies, fails to start, or finds a Python thread running (forking then
-  is not safe) ends; the caller logs it once and starts fresh interpreters from then on, and a
-  job whose request the zygote never forked is started fresh: no job fails for it.
-  TROUBLESHOOTER_WORKER_ZYGOTE=0 turns zygotes off.
+- Fallback: a zygote that dies, fails to start, or finds a Python thread running or CUDA
+  initialized (forking then is not safe) ends; the caller logs it once and starts fresh
+  interpreters from then on, and a job whose request the zygote never forked is started fresh:
+  no job fails for it. TROUBLESHOOTER_WORKER_ZYGOTE=0 turns zygotes off.
 """
 from __future__ import annotations
 
@@ -120,11 +120,22 @@ def _serve(own: tuple, block: bool) -> None:
         _fork_supervisor(json.loads(message), *fds, own)
 
 
+def _unsafe_to_fork() -> str | None:
+    """Why a forked child would be broken, if it would: a thread would be lost mid-work (with any
+    lock it holds), or CUDA, once initialized, does not work in a forked child."""
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} Python threads are running"
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized():
+        return "CUDA is initialized"
+    return None
+
+
 def _fork_supervisor(request: dict, job_fd: int, status_fd: int, own: tuple) -> None:
-    threads = threading.active_count()
-    if threads > 1:  # a forked child would lose those threads mid-work (and any lock they hold)
-        print(f"troubleshooter: the worker zygote has {threads} Python threads running, so forking is not safe; "
-              "it stops (jobs start fresh interpreters)", file=sys.stderr, flush=True)
+    reason = _unsafe_to_fork()
+    if reason:
+        print(f"troubleshooter: the worker zygote stops: {reason}, so forking is not safe (jobs start fresh "
+              "interpreters)", file=sys.stderr, flush=True)
         os._exit(_UNSAFE)  # this request and any queued are lost: their callers start fresh interpreters
     pid = os.fork()
     if pid:
