@@ -91,17 +91,21 @@ def test_without_the_zygote_each_job_starts_a_fresh_interpreter(clean_limits, mo
 
 
 def test_a_waiting_job_is_forked_before_the_rest_of_the_preload(clean_limits, monkeypatch, tmp_path):
-    """As for `torch._dynamo` after `torch`: the zygote is still importing the second module
-    (held until the gate opens) when the job, sent while the first was imported, has run."""
+    """As with `torch` then `torch._dynamo`: a job sent while the zygote imports its first module
+    (held here until the gate opens, after the job is sent) is forked as soon as that module is in,
+    and runs without the rest."""
     gate = tmp_path / "gate"
     monkeypatch.setenv("AMP_TEST_GATE", str(gate))
-    pool = WarmPool(preload=("json", "tests._gate_import"))
+    zygotes = zygote.Zygotes(("tests._gate_import", "xml.dom.minidom"))
+    job = worker._Worker(zygotes.preload, zygotes)
     try:
-        result = pool.run("k", jobs.imported, ["json", "tests._gate_import"], timeout_s=60)
-        assert result == {"json": True, "tests._gate_import": False}
+        job.conn.send((jobs.imported, (["tests._gate_import", "xml.dom.minidom"],), {}, None))
+        gate.touch()
+        assert worker._await(job, 60) == {"tests._gate_import": True, "xml.dom.minidom": False}
     finally:
         gate.touch()
-        pool.close()
+        job.stop()
+        zygotes.close()
 
 
 def test_the_zygote_and_the_standby_end_with_close(clean_limits):
