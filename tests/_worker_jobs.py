@@ -86,3 +86,26 @@ def environment():
 def allocate(mb):
     block = bytearray(int(mb) * 1024 * 1024)
     return len(block)
+
+
+def process_facts():
+    """Where the job ran: its pid and session, its supervisor (parent) and the supervisor's parent,
+    a number from `random` and a temporary file's name."""
+    import random
+    import tempfile
+
+    supervisor = os.getppid()
+    with open(f"/proc/{supervisor}/stat", "rb") as fh:
+        above = int(fh.read().rsplit(b")", 1)[1].split()[1])
+    return {"pid": os.getpid(), "sid": os.getsid(0), "supervisor": supervisor, "above": above,
+            "random": random.random(), "temp": tempfile.mktemp()}
+
+
+def imported(names):
+    import sys
+    return {name: name in sys.modules for name in names}
+
+
+def environ_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return fh.read().decode(errors="replace")

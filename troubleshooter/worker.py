@@ -4,24 +4,31 @@ and so that nothing the job starts outlives it.
 The app runs every GPU-bound probe through here, and an opted-in user Python file is only ever
 imported inside such a child. Each job gets a process tree of its own:
 
-    caller ── supervisor (new session, child subreaper) ── runner (runs the job) ── whatever it starts
+    caller ── zygote ── supervisor (new session, child subreaper) ── runner (runs the job) ── whatever it starts
 
-The supervisor is a fresh interpreter (started with `subprocess`, not `fork`: no CUDA state or
-threads inherited), in a session of its own; it forks the runner and then only reaps. Because it
-is a child subreaper, a process the job starts stays below it even after `setsid()` or a double
-fork. When the job answers, times out or dies, the caller kills the supervisor's whole tree
-(`proctree.kill_tree`), so no child of a job is alive after it.
+The supervisor is forked from a *zygote* (`troubleshooter.zygote`): a long-lived interpreter the
+caller started (with `subprocess`, exactly as a supervisor used to be: same flags, the jobs'
+environment, its own session), which imported the preload modules and runs no torch operation and
+no thread, so nothing unsafe is inherited. Without a usable zygote (TROUBLESHOOTER_WORKER_ZYGOTE=0,
+or one that died) the supervisor is a fresh interpreter of its own, as before; either way it is in
+a session of its own, forks the runner and then only reaps. Because it is a child subreaper, a
+process the job starts stays below it even after `setsid()` or a double fork. When the job
+answers, times out or dies, the caller kills the supervisor's whole tree (`proctree.kill_tree`),
+so no child of a job is alive after it. The caller learns how the job ended from the supervisor's
+exit status (a forked one writes it to a pipe: the caller is not its parent).
 
 `LIMITS` (set by the app from `--job-memory-mb`) caps each runner's memory with RLIMIT_DATA
 (inherited by what it starts) and gives jobs a minimal environment (`job_environment`) instead of
 the server's, which may hold the login password and cloud keys.
 
-Starting a child and importing PyTorch costs seconds, so the app keeps one *standby* per device
-(`run_in_warm_worker`): started ahead, PyTorch already imported, it runs exactly one job and is
-then replaced. Every job still gets a process tree of its own.
+Starting an interpreter and importing PyTorch costs seconds, so the app keeps one *standby* per
+device (`run_in_warm_worker`): forked ahead, PyTorch already imported, it runs exactly one job and
+is then replaced, by a fork that takes milliseconds instead of a new interpreter that imports
+PyTorch again. Every job still gets a process tree of its own.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -36,6 +43,9 @@ from typing import Any, Callable
 from . import proctree
 from .errors import UserError
 from .heap import freeze_imports
+from .zygote import ForkedSupervisor, Zygotes
+
+log = logging.getLogger(__name__)
 
 # Modules a standby child imports while it waits (the slow part of starting a job). torch._dynamo:
 # every optimizer step imports it on its first call (torch.optim's `_use_grad`), 0.8 s on this
@@ -80,18 +90,26 @@ def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _child_entry() -> None:
-    """`python -c ...` entry of a worker: become the supervisor, fork the runner."""
-    sock = socket.socket(fileno=int(sys.argv[1]))
+    """`python -c ...` entry of a fresh supervisor (no zygote): become the supervisor."""
+    become_supervisor(socket.socket(fileno=int(sys.argv[1])))
+
+
+def become_supervisor(sock: socket.socket, status_fd: int | None = None) -> None:
+    """Be a job's supervisor: child subreaper, fork the runner (which talks to the caller on
+    `sock`), then reap. `status_fd`: where one forked by a zygote reports its job's exit status
+    (`zygote.ForkedSupervisor`); a fresh one's parent, the caller, reads it from its exit."""
     proctree.become_subreaper()
     runner = os.fork()
     if runner == 0:
+        if status_fd is not None:
+            os.close(status_fd)  # the job must not hold it: its end-of-file says the supervisor is gone
         _runner_main(Connection(sock.detach()))
         os._exit(0)
     sock.close()  # only the runner talks to the caller: its death must read as end-of-file there
-    _supervise(runner)
+    _supervise(runner, status_fd)
 
 
-def _supervise(runner: int) -> None:
+def _supervise(runner: int, status_fd: int | None = None) -> None:
     """Reap every process that ends up below us; when the runner ends, stop what it left behind
     and exit as it did (the caller reads the runner's exit status as ours)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -99,18 +117,28 @@ def _supervise(runner: int) -> None:
         try:
             pid, status = os.wait()
         except ChildProcessError:
+            _report_exit(status_fd, 0)
             os._exit(0)
         except InterruptedError:
             continue
         if pid != runner:
             continue  # an orphan of the job, re-parented to us and now reaped
         proctree.kill_tree(os.getpid(), include_root=False)
+        _report_exit(status_fd, os.waitstatus_to_exitcode(status))
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             if sig not in (signal.SIGKILL, signal.SIGSTOP):
                 signal.signal(sig, signal.SIG_DFL)
             os.kill(os.getpid(), sig)
         os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _report_exit(status_fd: int | None, code: int) -> None:
+    if status_fd is not None:
+        try:
+            os.write(status_fd, b"exit %d\n" % code)
+        except OSError:
+            pass  # the caller stopped listening
 
 
 def preload(names: tuple[str, ...], job_waiting: Callable[[], bool]) -> list[str]:
@@ -204,24 +232,33 @@ _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
 
 
 class _Worker:
-    """One job process tree (supervisor and runner) and our end of the runner's socket."""
+    """One job process tree (supervisor and runner) and our end of the runner's socket. The
+    supervisor comes from `zygotes` where it can (`zygote.ForkedSupervisor`), else it is a fresh
+    interpreter (`subprocess.Popen`); both read alike (pid, poll, wait, returncode)."""
 
-    def __init__(self, preload: tuple[str, ...]):
+    def __init__(self, preload: tuple[str, ...], zygotes: Zygotes | None = None):
         proctree.become_subreaper()  # killed jobs' orphans come to us, to be reaped
+        self.preload = tuple(preload)
+        self._start(zygotes)
+
+    def _start(self, zygotes: Zygotes | None) -> None:
         ours, theirs = socket.socketpair()
         env = job_environment() if LIMITS.clean_env else None
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
-                 _BOOT.format(root=_PACKAGE_ROOT), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = zygotes.fork(theirs, env) if zygotes is not None else None
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
+                     _BOOT.format(root=_PACKAGE_ROOT), str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
         self.conn = Connection(ours.detach())
-        self.conn.send({"sys_path": list(sys.path), "preload": tuple(preload)})
+        self.conn.send({"sys_path": list(sys.path), "preload": self.preload})
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int | None:
+        """The supervisor's pid (None: its zygote ended before forking it)."""
         return self.proc.pid
 
     def usable(self) -> bool:
@@ -229,7 +266,9 @@ class _Worker:
 
     def stop(self) -> None:
         """Kill the whole tree: supervisor, runner and everything the job started."""
-        proctree.kill_tree(self.proc.pid)
+        if self.proc.pid is not None:  # None: its zygote ended before forking it, nothing was started
+            # a forked supervisor is its zygote's child to reap, or ours if that zygote is gone
+            proctree.kill_tree(self.proc.pid, reap_root=isinstance(self.proc, ForkedSupervisor))
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -238,13 +277,30 @@ class _Worker:
 
     def run(self, func: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Any:
         try:
-            self.conn.send((func, args, kwargs, LIMITS.memory_mb))
+            self._send_job((func, args, kwargs, LIMITS.memory_mb))
         except Exception as exc:  # noqa: BLE001 - an unpicklable argument, or a dead worker
             self.stop()
             if isinstance(exc, (OSError, EOFError)):
                 raise
             raise WorkerError(f"the job could not be sent to its process ({type(exc).__name__}: {exc})") from None
         return _await(self, timeout_s)
+
+    def _send_job(self, job: tuple) -> None:
+        """Send the job; if a zygote was to fork our supervisor and ended first, start a fresh one
+        and send it there. Sent before we wait for the fork, so a runner forked early (the zygote
+        still importing) finds it waiting and skips the rest of the preload."""
+        try:
+            self.conn.send(job)
+            error = None
+        except (OSError, EOFError) as exc:  # a dead worker (or our zygote ended: below)
+            error = exc
+        if isinstance(self.proc, ForkedSupervisor) and self.proc.pid is None:
+            log.warning("the worker zygote ended before starting a job's process; the job starts a fresh one")
+            self.conn.close()
+            self._start(None)
+            self.conn.send(job)
+        elif error is not None:
+            raise error
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -301,7 +357,7 @@ def run_in_worker(func: Callable[..., Any], *args: Any, timeout_s: float, **kwar
     """
     if timeout_s <= 0:
         raise ValueError("timeout_s must be positive")
-    return _Worker(()).run(func, args, kwargs, timeout_s)
+    return _Worker((), _ZYGOTES).run(func, args, kwargs, timeout_s)
 
 
 class WarmPool:
@@ -309,6 +365,7 @@ class WarmPool:
 
     def __init__(self, preload: tuple[str, ...] = PRELOAD):
         self.preload = preload
+        self._zygotes = Zygotes(preload)  # one zygote, whatever the key: a device is chosen by the job
         self._standby: dict[str, _Worker] = {}
         self._lock = threading.Lock()
 
@@ -318,7 +375,7 @@ class WarmPool:
             current = self._standby.get(key)
             if current is not None and current.usable():
                 return
-            self._standby[key] = _Worker(self.preload)
+            self._standby[key] = _Worker(self.preload, self._zygotes)
 
     def standby_pid(self, key: str) -> int | None:
         """The pid of the standby's supervisor (the job's runner is its child)."""
@@ -332,7 +389,7 @@ class WarmPool:
         if s is None or not s.usable():
             if s is not None:
                 s.stop()
-            s = _Worker(self.preload)
+            s = _Worker(self.preload, self._zygotes)
         return s
 
     def run(self, key: str, func: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
@@ -355,12 +412,15 @@ class WarmPool:
             pass
 
     def close(self) -> None:
+        """Stop the standbys and retire the zygote (it ends once no job it started runs)."""
         with self._lock:
             standbys, self._standby = list(self._standby.values()), {}
         for s in standbys:
             s.stop()
+        self._zygotes.close()
 
 
+_ZYGOTES = Zygotes(())  # run_in_worker's: the job starts with nothing preloaded, as in a fresh interpreter
 POOL = WarmPool()
 
 
