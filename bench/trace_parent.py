@@ -59,7 +59,7 @@ def run_once(root: Path, script: str, args: list[str], steps: int, cwd: str) -> 
     env = {**os.environ, "PYTHONPATH": str(root), "TRACE_PARENT_USAGE": usage}
     cmd = [sys.executable, "-c", WRAPPER, "trace", script, "--steps", str(steps), "--format", "json", "--", *args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{cmd} exited {proc.returncode}: {proc.stderr[-2000:]}")
