@@ -37,13 +37,12 @@ import sys
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Callable
 
 from . import proctree
 from .errors import UserError
 from .heap import freeze_imports
-from .zygote import ForkedSupervisor, Zygotes
+from .zygote import ForkedSupervisor, Zygotes, start_python
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ log = logging.getLogger(__name__)
 # 2-core VM, as much as torch itself: paid here instead of inside the job's budget, unless a job
 # is already waiting (`preload`).
 PRELOAD = ("torch", "torch._dynamo")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding troubleshooter/
 
 # What a job's environment keeps of the server's: what PyTorch, CUDA and the BLAS libraries read,
 # locale and paths. Everything else (passwords, tokens, cloud keys) stays in the server.
@@ -227,10 +225,6 @@ def _send(conn: Connection, message) -> None:
 
 # ---------------------------------------------------------------- the caller side
 
-_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from troubleshooter.worker import _child_entry; _child_entry()")
-
-
 class _Worker:
     """One job process tree (supervisor and runner) and our end of the runner's socket. The
     supervisor comes from `zygotes` where it can (`zygote.ForkedSupervisor`), else it is a fresh
@@ -247,10 +241,8 @@ class _Worker:
         try:
             self.proc = zygotes.fork(theirs, env) if zygotes is not None else None
             if self.proc is None:
-                self.proc = subprocess.Popen(
-                    [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
-                     _BOOT.format(root=_PACKAGE_ROOT), str(theirs.fileno())],
-                    pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                self.proc = start_python("worker", "_child_entry", theirs, env,
+                                         subprocess._args_from_interpreter_flags())
         finally:
             theirs.close()
         self.conn = Connection(ours.detach())

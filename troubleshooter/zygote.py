@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 SWITCH = "TROUBLESHOOTER_WORKER_ZYGOTE"  # "0": every job's supervisor is a fresh interpreter
 FORK_WAIT_S = 120.0  # the longest wait for a fork: the zygote's first import can take 10+ s on a busy host
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding troubleshooter/
-_BOOT = "import sys; sys.path.insert(0, {root!r}); from troubleshooter.zygote import serve; serve()"
+_BOOT = "import sys; sys.path.insert(0, {root!r}); from troubleshooter.{module} import {entry}; {entry}()"
 _UNSAFE = 3  # the zygote's exit status when it stopped because forking was no longer safe
 # Variables that change from one call to the next and that nothing reads as it starts: pytest names
 # the running test in one. A zygote is kept while the rest of the environment is unchanged; the
@@ -190,6 +190,18 @@ def _shutdown() -> None:
 # ---------------------------------------------------------------- the caller side
 
 
+def start_python(module: str, entry: str, sock: socket.socket, env: dict[str, str] | None,
+                 flags: list[str]) -> subprocess.Popen:
+    """A fresh interpreter running `troubleshooter.MODULE.ENTRY()` with `sock`'s descriptor as its
+    argument: how a zygote and a fresh supervisor (`worker`, without a zygote) both start, so a
+    forked supervisor begins from what a fresh one would: the same interpreter flags and
+    environment, stdin /dev/null, a session of its own."""
+    return subprocess.Popen(
+        [sys.executable, *flags, "-c", _BOOT.format(root=_PACKAGE_ROOT, module=module, entry=entry),
+         str(sock.fileno())],
+        pass_fds=[sock.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 class ForkedSupervisor:
     """A supervisor a zygote forked, seen as `subprocess.Popen` shows a fresh one: `pid`, `poll()`,
     `wait(timeout)` and `returncode` (negative: killed by that signal). Read from its status
@@ -266,9 +278,7 @@ class Zygote:
         self.key = key
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, *flags, "-c", _BOOT.format(root=_PACKAGE_ROOT), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = start_python("zygote", "serve", theirs, env, flags)
         finally:
             theirs.close()
         self._ctl = ours
